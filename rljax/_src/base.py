@@ -1,0 +1,315 @@
+"""The composition core: `Batch`, `Transform`, `chain` and `Algorithm`.
+
+An algorithm is a chain of transforms, exactly like an optax optimizer. Every
+transform is three pure functions:
+
+* ``init() -> state``: its state (an adaptive coefficient, running statistics);
+  ``()`` when it keeps none.
+* ``prepare(batch, state) -> (batch, state)``: runs once per rollout batch,
+  outside the gradient: reward shaping, filters, advantages, importance weights
+  against the rollout engine, state updates.
+* ``apply(terms, batch, state) -> terms``: runs inside the loss, where
+  ``terms.logp_PGT`` carries the gradient: it adds a per-token policy surrogate
+  or a penalty (KL, entropy bonus), or multiplies the policy term by a mask.
+
+`Algorithm(transform, aggregate)` adds the one reduction from per-token losses
+to a scalar. The loss is returned as a `Mean` (numerator, denominator), so that
+micro-batches and data-parallel shards sum to the exact global value.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional, Protocol
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from rljax._src import checks
+from rljax._src import stats
+
+State = Any
+Array = jax.Array
+
+
+class Mean(NamedTuple):
+  """A mean kept as numerator and denominator.
+
+  Sum `Mean`s of disjoint parts of a batch leaf by leaf (``jax.tree.map(jnp.add,
+  a, b)``) and `value` is the mean of the whole. A denominator of 0 means
+  "no normaliser": `value` is then the numerator itself (used by token-sum
+  aggregations, whose normaliser is a constant folded into the numerator).
+  """
+
+  num: Array
+  den: Array
+
+  @property
+  def value(self) -> Array:
+    return jnp.where(self.den == 0, self.num, stats.safe_div(self.num, self.den))
+
+
+def mean_metric(x: ArrayLike, mask: ArrayLike) -> Mean:
+  """The masked mean of `x` as a `Mean` (for metrics)."""
+  return Mean(stats.masked_sum(x, mask), jnp.sum(stats.f32(mask)))
+
+
+def finalize(metrics: dict[str, Mean]) -> dict[str, Array]:
+  """Turn a dict of `Mean`s into plain scalars."""
+  return {k: m.value for k, m in metrics.items()}
+
+
+class Batch(NamedTuple):
+  """One rollout batch in group layout: P prompts x G samples x T tokens.
+
+  Only `mask_PGT` is required; transforms read the fields they need and raise
+  a clear error when one is missing. Filters and groups of different sizes are
+  expressed through `sample_mask_PG` (never by boolean indexing).
+  """
+
+  mask_PGT: Array  # completion tokens that enter the loss (0/1 or weights)
+  sample_mask_PG: Optional[Array] = None  # valid samples; None = all valid
+  rewards_PG: Optional[Array] = None  # scalar outcome reward per sample
+  rewards_PGK: Optional[Array] = None  # K separate rewards (multi-reward)
+  token_rewards_PGT: Optional[Array] = None  # per-token rewards (KL-in-reward)
+  advantages_PGT: Optional[Array] = None  # filled by an advantage transform
+  returns_PGT: Optional[Array] = None  # value targets (GAE)
+  old_logp_PGT: Optional[Array] = None  # behaviour policy, recomputed
+  ref_logp_PGT: Optional[Array] = None  # reference policy
+  rollout_logp_PGT: Optional[Array] = None  # as reported by the sampler
+  old_values_PGT: Optional[Array] = None  # value model at rollout time
+  old_entropy_PGT: Optional[Array] = None  # behaviour-policy entropies
+  policy_weights_PGT: Optional[Array] = None  # multiply the policy term only
+  truncated_PG: Optional[Array] = None  # hit the length limit without EOS
+  baseline_rewards_P: Optional[Array] = None  # e.g. ReMax greedy reward
+
+  @property
+  def shape(self) -> tuple[int, int, int]:
+    return tuple(jnp.shape(self.mask_PGT))
+
+  def samples(self) -> Array:
+    """[P, G] float32 validity of each sample (ones when not given)."""
+    if self.sample_mask_PG is None:
+      return jnp.ones(self.shape[:2], jnp.float32)
+    return stats.f32(self.sample_mask_PG)
+
+  def loss_mask(self) -> Array:
+    """[P, G, T] token mask with invalid or filtered samples zeroed."""
+    return stats.f32(self.mask_PGT) * self.samples()[..., None]
+
+  def require(self, *fields: str, by: str) -> None:
+    """Raise a clear error if any of `fields` is missing."""
+    missing = [f for f in fields if getattr(self, f) is None]
+    if missing:
+      raise ValueError(
+          f"{by} needs Batch field(s) {missing}; set them when building the"
+          " Batch (or put the transform that computes them earlier in the"
+          " chain)."
+      )
+
+
+def check_batch(batch: Batch) -> None:
+  """Validate the layout of every field present in `batch`."""
+  checks.rank("Batch.mask_PGT", batch.mask_PGT, 3, "[prompts, samples, tokens]")
+  expected = {"PGT": batch.shape, "PG": batch.shape[:2], "P": batch.shape[:1]}
+  for name, value in batch._asdict().items():
+    if value is None:
+      continue
+    suffix = name.rsplit("_", 1)[-1]
+    if suffix == "PGK":
+      checks.rank(f"Batch.{name}", value, 3, "[prompts, samples, rewards]")
+      checks.leading_shape(
+          f"Batch.{name}", value, batch.shape[:2], "Batch.mask_PGT[:2]"
+      )
+    elif tuple(jnp.shape(value)) != expected[suffix]:
+      raise ValueError(
+          f"Batch.{name} has shape {tuple(jnp.shape(value))}; expected"
+          f" {expected[suffix]} to match Batch.mask_PGT {batch.shape}."
+      )
+
+
+class LossTerms(NamedTuple):
+  """What the loss stage of a chain threads from transform to transform.
+
+  The per-token loss is ``policy_loss_PGT * policy_weight_PGT + penalty_PGT``:
+  masks and weights (top-entropy, off-policy, importance sampling) touch the
+  policy surrogate only, never the KL or entropy penalties.
+  """
+
+  logp_PGT: Array  # current policy log-probs; the gradient flows from here
+  entropy_PGT: Optional[Array]  # current policy entropies, if computed
+  key: Optional[Array]  # PRNG key for randomised objectives (clip-cov)
+  policy_loss_PGT: Array
+  policy_weight_PGT: Array
+  penalty_PGT: Array
+  metrics: dict[str, Mean]
+
+
+class Transform(NamedTuple):
+  """Three pure functions; see the module docstring."""
+
+  init: Callable[[], State]
+  prepare: Callable[[Batch, State], tuple[Batch, State]]
+  apply: Callable[[LossTerms, Batch, State], LossTerms]
+
+
+def _keep_batch(batch: Batch, state: State) -> tuple[Batch, State]:
+  return batch, state
+
+
+def _keep_terms(terms: LossTerms, batch: Batch, state: State) -> LossTerms:
+  del batch, state
+  return terms
+
+
+def stateless_prepare(fn: Callable[[Batch], Batch]) -> Transform:
+  """A transform that only rewrites the batch (advantages, shaping, filters)."""
+  return Transform(
+      init=lambda: (),
+      prepare=lambda batch, state: (fn(batch), state),
+      apply=_keep_terms,
+  )
+
+
+def stateless_apply(fn: Callable[[LossTerms, Batch], LossTerms]) -> Transform:
+  """A transform that only acts inside the loss (objectives, penalties)."""
+  return Transform(
+      init=lambda: (),
+      prepare=_keep_batch,
+      apply=lambda terms, batch, state: fn(terms, batch),
+  )
+
+
+def chain(*transforms: Transform) -> Transform:
+  """Compose transforms left to right, like `optax.chain`."""
+  for i, t in enumerate(transforms):
+    if not isinstance(t, Transform):
+      raise TypeError(
+          f"chain argument {i} is a {type(t).__name__}, not a Transform. Pass"
+          " transforms (rljax.transforms.*, rljax.objectives.*); to extend a"
+          " preset, chain its `.transform`."
+      )
+
+  def init():
+    return tuple(t.init() for t in transforms)
+
+  def _states(state):
+    if not isinstance(state, tuple) or len(state) != len(transforms):
+      raise ValueError(
+          f"state does not belong to this chain of {len(transforms)}"
+          " transforms; create it with the chain's own init()."
+      )
+    return state
+
+  def prepare(batch, state):
+    new_state = []
+    for t, s in zip(transforms, _states(state)):
+      batch, s = t.prepare(batch, s)
+      new_state.append(s)
+    return batch, tuple(new_state)
+
+  def apply(terms, batch, state):
+    for t, s in zip(transforms, _states(state)):
+      terms = t.apply(terms, batch, s)
+    return terms
+
+  return Transform(init, prepare, apply)
+
+
+class Aggregation(Protocol):
+  """Reduce a per-token loss [..., T] under a mask to a `Mean`."""
+
+  def __call__(self, loss_BT: ArrayLike, mask_BT: ArrayLike) -> Mean:
+    ...
+
+
+class Algorithm(NamedTuple):
+  """A transform plus the aggregation of its per-token loss.
+
+  Example:
+    >>> import rljax
+    >>> algo = rljax.Algorithm(
+    ...     rljax.chain(
+    ...         rljax.transforms.group_advantages(rljax.advantages.rloo),
+    ...         rljax.objectives.sapo(tau_pos=1.0, tau_neg=1.05),
+    ...         rljax.objectives.kl_penalty(rljax.losses.kl_k3, coef=1e-3)),
+    ...     aggregate=rljax.aggregate.seq_mean_token_mean)
+  """
+
+  transform: Transform
+  aggregate: Aggregation
+
+  def init(self) -> State:
+    return self.transform.init()
+
+  def prepare(self, batch: Batch, state: State) -> tuple[Batch, State]:
+    """Once per rollout batch: shaping, filters, advantages, weights."""
+    check_batch(batch)
+    return self.transform.prepare(batch, state)
+
+  def loss(
+      self,
+      logp_PGT: ArrayLike,
+      batch: Batch,
+      state: State,
+      *,
+      entropy_PGT: Optional[ArrayLike] = None,
+      key: Optional[Array] = None,
+  ) -> tuple[Mean, dict[str, Mean]]:
+    """The loss of a (prepared) batch as a `Mean`, and metrics.
+
+    Differentiate ``loss.value`` for one batch. For micro-batches, sum the
+    numerators' gradients and divide by the summed denominators (the
+    denominator never depends on the parameters).
+    """
+    check_batch(batch)
+    checks.same_shape(
+        ["logp_PGT", "Batch.mask_PGT", "entropy_PGT"],
+        logp_PGT,
+        batch.mask_PGT,
+        entropy_PGT,
+    )
+    logp_PGT = jnp.asarray(logp_PGT)
+    zeros = jnp.zeros(batch.shape, jnp.float32)
+    terms = LossTerms(
+        logp_PGT=logp_PGT,
+        entropy_PGT=entropy_PGT,
+        key=key,
+        policy_loss_PGT=zeros,
+        policy_weight_PGT=jnp.ones_like(zeros),
+        penalty_PGT=zeros,
+        metrics={},
+    )
+    terms = self.transform.apply(terms, batch, state)
+    weight = terms.policy_weight_PGT
+    if batch.policy_weights_PGT is not None:
+      weight = weight * stats.f32(batch.policy_weights_PGT)
+    mask = batch.loss_mask()
+    per_token = terms.policy_loss_PGT * weight + terms.penalty_PGT
+    loss = self.aggregate(per_token, mask)
+    metrics = {**_standard_metrics(logp_PGT, batch, mask, weight, entropy_PGT)}
+    metrics.update(terms.metrics)
+    metrics["loss"] = loss
+    return loss, metrics
+
+
+def old_logp(logp_PGT: Array, batch: Batch) -> Array:
+  """Behaviour log-probs; on-policy (no `old_logp_PGT`) they are sg[logp]."""
+  if batch.old_logp_PGT is None:
+    return jax.lax.stop_gradient(stats.f32(logp_PGT))
+  return stats.f32(batch.old_logp_PGT)
+
+
+def _standard_metrics(logp, batch, mask, weight, entropy) -> dict[str, Mean]:
+  logp = jax.lax.stop_gradient(stats.f32(logp))
+  log_ratio = logp - old_logp(logp, batch)
+  metrics = {
+      "ratio_mean": mean_metric(jnp.exp(log_ratio), mask),
+      # verl's `ppo_kl`: the k1 estimate of KL(old || current).
+      "kl_old": mean_metric(-log_ratio, mask),
+      "masked_frac": mean_metric(weight == 0, mask),
+  }
+  if batch.advantages_PGT is not None:
+    metrics["adv_mean"] = mean_metric(batch.advantages_PGT, mask)
+  if entropy is not None:
+    metrics["entropy"] = mean_metric(jax.lax.stop_gradient(entropy), mask)
+  return metrics

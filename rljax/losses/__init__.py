@@ -1,0 +1,1 @@
+"""Per-token and per-pair losses (pure functions; filled by the modules below)."""
