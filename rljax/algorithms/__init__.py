@@ -1,0 +1,36 @@
+"""Algorithm presets: one-line compositions of advantages, objectives and an
+aggregation. `get(name, **kwargs)` looks one up by name."""
+
+from rljax.algorithms._presets import PRESETS
+from rljax.algorithms._presets import bnpo
+from rljax.algorithms._presets import cispo
+from rljax.algorithms._presets import dapo
+from rljax.algorithms._presets import dr_grpo
+from rljax.algorithms._presets import get
+from rljax.algorithms._presets import gmpo
+from rljax.algorithms._presets import gpg
+from rljax.algorithms._presets import grpo
+from rljax.algorithms._presets import gspo
+from rljax.algorithms._presets import ppo
+from rljax.algorithms._presets import reinforce_pp
+from rljax.algorithms._presets import remax
+from rljax.algorithms._presets import rloo
+from rljax.algorithms._presets import sapo
+
+__all__ = [
+    "PRESETS",
+    "bnpo",
+    "cispo",
+    "dapo",
+    "dr_grpo",
+    "get",
+    "gmpo",
+    "gpg",
+    "grpo",
+    "gspo",
+    "ppo",
+    "reinforce_pp",
+    "remax",
+    "rloo",
+    "sapo",
+]

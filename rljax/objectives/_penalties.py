@@ -1,0 +1,145 @@
+"""Penalty stages: KL to the reference and the entropy bonus, in the loss.
+
+Penalties are added per token after the policy term's masks and weights, so
+importance weights and token masks never scale them (TRL's placement), and they
+share the algorithm's aggregation (verl's).
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from rljax._src import checks
+from rljax._src import controllers
+from rljax._src import stats
+from rljax._src.base import Batch
+from rljax._src.base import LossTerms
+from rljax._src.base import Mean
+from rljax._src.base import Transform
+from rljax._src.base import mean_metric
+
+Estimator = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def _scalar_metric(x) -> Mean:
+  return Mean(jnp.asarray(x, jnp.float32), jnp.ones((), jnp.float32))
+
+
+def _add_kl(terms, batch, estimator, coef) -> LossTerms:
+  batch.require("ref_logp_PGT", by="kl_penalty")
+  kl = estimator(terms.logp_PGT, batch.ref_logp_PGT)
+  metrics = dict(terms.metrics)
+  metrics["kl_ref"] = mean_metric(jax.lax.stop_gradient(kl), batch.loss_mask())
+  metrics["kl_coef"] = _scalar_metric(coef)
+  return terms._replace(
+      penalty_PGT=terms.penalty_PGT + coef * kl, metrics=metrics
+  )
+
+
+def kl_penalty(estimator: Estimator, *, coef: float = 1e-3) -> Transform:
+  """Add coef * estimator(logp, ref_logp) per token (verl `use_kl_loss`).
+
+  Use k3 (`rljax.losses.kl_k3`) or k2 in the loss: k1's expected gradient is
+  zero on-policy, so as a loss it does nothing on average.
+  """
+  checks.non_negative(coef=coef)
+  return Transform(
+      init=lambda: (),
+      prepare=lambda batch, state: (batch, state),
+      apply=lambda terms, batch, state: _add_kl(terms, batch, estimator, coef),
+  )
+
+
+def adaptive_kl_penalty(
+    estimator: Estimator,
+    *,
+    init_coef: float = 1e-3,
+    target: float = 0.1,
+    horizon: float = 10_000,
+) -> Transform:
+  """`kl_penalty` whose coefficient follows the adaptive KL controller.
+
+  Each batch first updates the coefficient from its measured KL(old || ref)
+  (needs `old_logp_PGT`), then trains with the updated coefficient.
+  """
+  checks.positive(target=target, horizon=horizon)
+
+  def prepare(batch: Batch, state):
+    batch.require("old_logp_PGT", "ref_logp_PGT", by="adaptive_kl_penalty")
+    kl = estimator(batch.old_logp_PGT, batch.ref_logp_PGT)
+    current = stats.masked_mean(kl, batch.loss_mask())
+    n_steps = batch.shape[0] * batch.shape[1]
+    return batch, controllers.adaptive_kl(
+        state, current, target=target, horizon=horizon, n_steps=n_steps
+    )
+
+  return Transform(
+      init=lambda: controllers.init_coef(init_coef),
+      prepare=prepare,
+      apply=lambda terms, batch, state: _add_kl(
+          terms, batch, estimator, state.coef
+      ),
+  )
+
+
+def _add_entropy(terms: LossTerms, batch: Batch, coef) -> LossTerms:
+  if terms.entropy_PGT is None:
+    raise ValueError(
+        "entropy_bonus needs the policy entropies: pass entropy_PGT= to"
+        " Algorithm.loss."
+    )
+  entropy = stats.f32(terms.entropy_PGT)
+  metrics = dict(terms.metrics)
+  metrics["entropy_coef"] = _scalar_metric(coef)
+  return terms._replace(
+      penalty_PGT=terms.penalty_PGT - coef * entropy, metrics=metrics
+  )
+
+
+def entropy_bonus(*, coef: float = 1e-3) -> Transform:
+  """Subtract coef * H per token (verl `entropy_coeff`, TRL `entropy_coef`)."""
+  checks.non_negative(coef=coef)
+  return Transform(
+      init=lambda: (),
+      prepare=lambda batch, state: (batch, state),
+      apply=lambda terms, batch, state: _add_entropy(terms, batch, coef),
+  )
+
+
+def adaptive_entropy_bonus(
+    *,
+    init_coef: float = 0.0,
+    target: float = 0.2,
+    delta: float = 0.005,
+    min_coef: float = 0.0,
+    max_coef: float = 1.0,
+) -> Transform:
+  """Skywork-OR1 adaptive entropy bonus (TRL `use_adaptive_entropy`).
+
+  Each batch measures the behaviour policy's token-mean entropy
+  (`old_entropy_PGT`), updates the coefficient, and applies the bonus only
+  while that entropy is at or below `target`.
+  """
+  checks.non_negative(delta=delta, min_coef=min_coef)
+  checks.in_range("init_coef", init_coef, min_coef, max_coef)
+
+  def prepare(batch: Batch, state):
+    batch.require("old_entropy_PGT", by="adaptive_entropy_bonus")
+    entropy = stats.masked_mean(batch.old_entropy_PGT, batch.loss_mask())
+    return batch, controllers.adaptive_entropy(
+        state,
+        entropy,
+        target=target,
+        delta=delta,
+        min_coef=min_coef,
+        max_coef=max_coef,
+    )
+
+  return Transform(
+      init=lambda: controllers.init_coef(init_coef),
+      prepare=prepare,
+      apply=lambda terms, batch, state: _add_entropy(
+          terms, batch, state.coef * state.active
+      ),
+  )
