@@ -4,9 +4,22 @@ Dimension key (shape suffixes on names):
   P prompts, G samples per prompt (the group), K reward functions,
   T completion tokens, B batch axes (any leading axes; (P, G) in a Batch).
   e.g. rewards_PG, advantages_PGT, logp_BT.
+
+Layers, from pure maths to named algorithms:
+  advantages, losses, masks, shaping, filters, aggregate  (array functions)
+  transforms (batch stages), objectives (loss stages)     (rljax.Transform)
+  algorithms (presets: grpo, dapo, sapo, ppo, ...)        (rljax.Algorithm)
 """
 
+from rljax import advantages
 from rljax import aggregate
+from rljax import algorithms
+from rljax import filters
+from rljax import losses
+from rljax import masks
+from rljax import objectives
+from rljax import shaping
+from rljax import transforms
 from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import LossTerms
@@ -19,15 +32,23 @@ from rljax._src.base import stateless_apply
 from rljax._src.base import stateless_prepare
 
 __all__ = [
-    "Algorithm",
-    "Batch",
-    "LossTerms",
-    "Mean",
-    "Transform",
-    "aggregate",
-    "chain",
-    "finalize",
-    "mean_metric",
-    "stateless_apply",
-    "stateless_prepare",
+  "Algorithm",
+  "Batch",
+  "LossTerms",
+  "Mean",
+  "Transform",
+  "advantages",
+  "aggregate",
+  "algorithms",
+  "chain",
+  "filters",
+  "finalize",
+  "losses",
+  "masks",
+  "mean_metric",
+  "objectives",
+  "shaping",
+  "stateless_apply",
+  "stateless_prepare",
+  "transforms",
 ]

@@ -14,16 +14,16 @@ LOSS = np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]], np.float32)
 MASK = np.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], np.float32)
 
 MODES = {
-    # 7 / 3 valid tokens
-    "token_mean": (aggregate.token_mean, 7.0 / 3.0),
-    # plain sum
-    "token_sum": (aggregate.token_sum, 7.0),
-    # 7 / E
-    "seq_mean_token_sum": (aggregate.seq_mean_token_sum, 7.0 / 2.0),
-    # (3/2 + 4/1) / 2
-    "seq_mean_token_mean": (aggregate.seq_mean_token_mean, 2.75),
-    # 7 / (E * T) = 7 / (2 * 3)
-    "seq_mean_token_sum_norm": (aggregate.seq_mean_token_sum_norm, 7.0 / 6.0),
+  # 7 / 3 valid tokens
+  "token_mean": (aggregate.token_mean, 7.0 / 3.0),
+  # plain sum
+  "token_sum": (aggregate.token_sum, 7.0),
+  # 7 / E
+  "seq_mean_token_sum": (aggregate.seq_mean_token_sum, 7.0 / 2.0),
+  # (3/2 + 4/1) / 2
+  "seq_mean_token_mean": (aggregate.seq_mean_token_mean, 2.75),
+  # 7 / (E * T) = 7 / (2 * 3)
+  "seq_mean_token_sum_norm": (aggregate.seq_mean_token_sum_norm, 7.0 / 6.0),
 }
 
 

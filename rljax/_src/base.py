@@ -45,7 +45,9 @@ class Mean(NamedTuple):
 
   @property
   def value(self) -> Array:
-    return jnp.where(self.den == 0, self.num, stats.safe_div(self.num, self.den))
+    return jnp.where(
+      self.den == 0, self.num, stats.safe_div(self.num, self.den)
+    )
 
 
 def mean_metric(x: ArrayLike, mask: ArrayLike) -> Mean:
@@ -101,9 +103,9 @@ class Batch(NamedTuple):
     missing = [f for f in fields if getattr(self, f) is None]
     if missing:
       raise ValueError(
-          f"{by} needs Batch field(s) {missing}; set them when building the"
-          " Batch (or put the transform that computes them earlier in the"
-          " chain)."
+        f"{by} needs Batch field(s) {missing}; set them when building the"
+        " Batch (or put the transform that computes them earlier in the"
+        " chain)."
       )
 
 
@@ -118,12 +120,12 @@ def check_batch(batch: Batch) -> None:
     if suffix == "PGK":
       checks.rank(f"Batch.{name}", value, 3, "[prompts, samples, rewards]")
       checks.leading_shape(
-          f"Batch.{name}", value, batch.shape[:2], "Batch.mask_PGT[:2]"
+        f"Batch.{name}", value, batch.shape[:2], "Batch.mask_PGT[:2]"
       )
     elif tuple(jnp.shape(value)) != expected[suffix]:
       raise ValueError(
-          f"Batch.{name} has shape {tuple(jnp.shape(value))}; expected"
-          f" {expected[suffix]} to match Batch.mask_PGT {batch.shape}."
+        f"Batch.{name} has shape {tuple(jnp.shape(value))}; expected"
+        f" {expected[suffix]} to match Batch.mask_PGT {batch.shape}."
       )
 
 
@@ -164,18 +166,18 @@ def _keep_terms(terms: LossTerms, batch: Batch, state: State) -> LossTerms:
 def stateless_prepare(fn: Callable[[Batch], Batch]) -> Transform:
   """A transform that only rewrites the batch (advantages, shaping, filters)."""
   return Transform(
-      init=lambda: (),
-      prepare=lambda batch, state: (fn(batch), state),
-      apply=_keep_terms,
+    init=lambda: (),
+    prepare=lambda batch, state: (fn(batch), state),
+    apply=_keep_terms,
   )
 
 
 def stateless_apply(fn: Callable[[LossTerms, Batch], LossTerms]) -> Transform:
   """A transform that only acts inside the loss (objectives, penalties)."""
   return Transform(
-      init=lambda: (),
-      prepare=_keep_batch,
-      apply=lambda terms, batch, state: fn(terms, batch),
+    init=lambda: (),
+    prepare=_keep_batch,
+    apply=lambda terms, batch, state: fn(terms, batch),
   )
 
 
@@ -184,9 +186,9 @@ def chain(*transforms: Transform) -> Transform:
   for i, t in enumerate(transforms):
     if not isinstance(t, Transform):
       raise TypeError(
-          f"chain argument {i} is a {type(t).__name__}, not a Transform. Pass"
-          " transforms (rljax.transforms.*, rljax.objectives.*); to extend a"
-          " preset, chain its `.transform`."
+        f"chain argument {i} is a {type(t).__name__}, not a Transform. Pass"
+        " transforms (rljax.transforms.*, rljax.objectives.*); to extend a"
+        " preset, chain its `.transform`."
       )
 
   def init():
@@ -195,8 +197,8 @@ def chain(*transforms: Transform) -> Transform:
   def _states(state):
     if not isinstance(state, tuple) or len(state) != len(transforms):
       raise ValueError(
-          f"state does not belong to this chain of {len(transforms)}"
-          " transforms; create it with the chain's own init()."
+        f"state does not belong to this chain of {len(transforms)}"
+        " transforms; create it with the chain's own init()."
       )
     return state
 
@@ -218,8 +220,7 @@ def chain(*transforms: Transform) -> Transform:
 class Aggregation(Protocol):
   """Reduce a per-token loss [..., T] under a mask to a `Mean`."""
 
-  def __call__(self, loss_BT: ArrayLike, mask_BT: ArrayLike) -> Mean:
-    ...
+  def __call__(self, loss_BT: ArrayLike, mask_BT: ArrayLike) -> Mean: ...
 
 
 class Algorithm(NamedTuple):
@@ -247,13 +248,13 @@ class Algorithm(NamedTuple):
     return self.transform.prepare(batch, state)
 
   def loss(
-      self,
-      logp_PGT: ArrayLike,
-      batch: Batch,
-      state: State,
-      *,
-      entropy_PGT: Optional[ArrayLike] = None,
-      key: Optional[Array] = None,
+    self,
+    logp_PGT: ArrayLike,
+    batch: Batch,
+    state: State,
+    *,
+    entropy_PGT: Optional[ArrayLike] = None,
+    key: Optional[Array] = None,
   ) -> tuple[Mean, dict[str, Mean]]:
     """The loss of a (prepared) batch as a `Mean`, and metrics.
 
@@ -263,21 +264,21 @@ class Algorithm(NamedTuple):
     """
     check_batch(batch)
     checks.same_shape(
-        ["logp_PGT", "Batch.mask_PGT", "entropy_PGT"],
-        logp_PGT,
-        batch.mask_PGT,
-        entropy_PGT,
+      ["logp_PGT", "Batch.mask_PGT", "entropy_PGT"],
+      logp_PGT,
+      batch.mask_PGT,
+      entropy_PGT,
     )
     logp_PGT = jnp.asarray(logp_PGT)
     zeros = jnp.zeros(batch.shape, jnp.float32)
     terms = LossTerms(
-        logp_PGT=logp_PGT,
-        entropy_PGT=entropy_PGT,
-        key=key,
-        policy_loss_PGT=zeros,
-        policy_weight_PGT=jnp.ones_like(zeros),
-        penalty_PGT=zeros,
-        metrics={},
+      logp_PGT=logp_PGT,
+      entropy_PGT=entropy_PGT,
+      key=key,
+      policy_loss_PGT=zeros,
+      policy_weight_PGT=jnp.ones_like(zeros),
+      penalty_PGT=zeros,
+      metrics={},
     )
     terms = self.transform.apply(terms, batch, state)
     weight = terms.policy_weight_PGT
@@ -303,10 +304,10 @@ def _standard_metrics(logp, batch, mask, weight, entropy) -> dict[str, Mean]:
   logp = jax.lax.stop_gradient(stats.f32(logp))
   log_ratio = logp - old_logp(logp, batch)
   metrics = {
-      "ratio_mean": mean_metric(jnp.exp(log_ratio), mask),
-      # verl's `ppo_kl`: the k1 estimate of KL(old || current).
-      "kl_old": mean_metric(-log_ratio, mask),
-      "masked_frac": mean_metric(weight == 0, mask),
+    "ratio_mean": mean_metric(jnp.exp(log_ratio), mask),
+    # verl's `ppo_kl`: the k1 estimate of KL(old || current).
+    "kl_old": mean_metric(-log_ratio, mask),
+    "masked_frac": mean_metric(weight == 0, mask),
   }
   if batch.advantages_PGT is not None:
     metrics["adv_mean"] = mean_metric(batch.advantages_PGT, mask)

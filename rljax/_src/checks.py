@@ -18,7 +18,7 @@ def rank(name: str, x: Any, expected: int, layout: str) -> None:
   """Raise unless `x` has `expected` dimensions (`layout` names them)."""
   if np.ndim(x) != expected:
     raise ValueError(
-        f"{name} must have rank {expected} ({layout}); got shape {_shape(x)}."
+      f"{name} must have rank {expected} ({layout}); got shape {_shape(x)}."
     )
 
 
@@ -35,8 +35,8 @@ def leading_shape(name: str, x: Any, shape: tuple[int, ...], of: str) -> None:
   got = _shape(x)
   if got[: len(shape)] != tuple(shape):
     raise ValueError(
-        f"{name} has shape {got}; its leading dimensions must be {shape},"
-        f" the shape of {of}."
+      f"{name} has shape {got}; its leading dimensions must be {shape},"
+      f" the shape of {of}."
     )
 
 
@@ -44,11 +44,11 @@ def group_size(name: str, x: Any, minimum: int = 2) -> None:
   """Raise when the group axis (the last one) is smaller than `minimum`."""
   if np.ndim(x) < 1 or _shape(x)[-1] < minimum:
     raise ValueError(
-        f"{name} has shape {_shape(x)}: its last axis is the group (samples per"
-        f" prompt) and this estimator needs at least {minimum} samples per"
-        " group. Sample more completions per prompt, or use an estimator"
-        " without a group baseline (e.g. advantages.remax or"
-        " advantages.reinforce_pp)."
+      f"{name} has shape {_shape(x)}: its last axis is the group (samples per"
+      f" prompt) and this estimator needs at least {minimum} samples per"
+      " group. Sample more completions per prompt, or use an estimator"
+      " without a group baseline (e.g. advantages.remax or"
+      " advantages.reinforce_pp)."
     )
 
 

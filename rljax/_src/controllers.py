@@ -22,12 +22,12 @@ def init_coef(coef: float) -> CoefState:
 
 
 def adaptive_kl(
-    state: CoefState,
-    kl: ArrayLike,
-    *,
-    target: float,
-    horizon: float,
-    n_steps: float,
+  state: CoefState,
+  kl: ArrayLike,
+  *,
+  target: float,
+  horizon: float,
+  n_steps: float,
 ) -> CoefState:
   """Ziegler et al. (2019): beta *= 1 + clip(KL/target - 1, +-0.2) n/horizon.
 
@@ -39,13 +39,13 @@ def adaptive_kl(
 
 
 def adaptive_entropy(
-    state: CoefState,
-    entropy: ArrayLike,
-    *,
-    target: float,
-    delta: float,
-    min_coef: float,
-    max_coef: float,
+  state: CoefState,
+  entropy: ArrayLike,
+  *,
+  target: float,
+  delta: float,
+  min_coef: float,
+  max_coef: float,
 ) -> CoefState:
   """Skywork-OR1 (TRL `use_adaptive_entropy`): raise c while H <= target.
 
@@ -54,8 +54,8 @@ def adaptive_entropy(
   """
   low = jnp.asarray(entropy, jnp.float32) <= target
   coef = jnp.where(
-      low,
-      jnp.minimum(state.coef + delta, max_coef),
-      jnp.maximum(state.coef - delta, min_coef),
+    low,
+    jnp.minimum(state.coef + delta, max_coef),
+    jnp.maximum(state.coef - delta, min_coef),
   )
   return CoefState(coef, low.astype(jnp.float32))

@@ -27,13 +27,13 @@ def safe_div(num: ArrayLike, den: ArrayLike) -> jax.Array:
 
 
 def masked_sum(
-    x: ArrayLike, mask: ArrayLike, axis: Axis = None, keepdims: bool = False
+  x: ArrayLike, mask: ArrayLike, axis: Axis = None, keepdims: bool = False
 ) -> jax.Array:
   return jnp.sum(f32(x) * f32(mask), axis=axis, keepdims=keepdims)
 
 
 def masked_mean(
-    x: ArrayLike, mask: ArrayLike, axis: Axis = None, keepdims: bool = False
+  x: ArrayLike, mask: ArrayLike, axis: Axis = None, keepdims: bool = False
 ) -> jax.Array:
   """Mean of `x` over the entries where `mask` > 0 (weighted by `mask`)."""
   total = masked_sum(x, mask, axis, keepdims)
@@ -42,11 +42,11 @@ def masked_mean(
 
 
 def masked_var(
-    x: ArrayLike,
-    mask: ArrayLike,
-    axis: Axis = None,
-    keepdims: bool = False,
-    ddof: int = 1,
+  x: ArrayLike,
+  mask: ArrayLike,
+  axis: Axis = None,
+  keepdims: bool = False,
+  ddof: int = 1,
 ) -> jax.Array:
   """Variance over the masked entries; `ddof=1` is Bessel's (unbiased) form.
 
@@ -59,11 +59,11 @@ def masked_var(
 
 
 def masked_std(
-    x: ArrayLike,
-    mask: ArrayLike,
-    axis: Axis = None,
-    keepdims: bool = False,
-    ddof: int = 1,
+  x: ArrayLike,
+  mask: ArrayLike,
+  axis: Axis = None,
+  keepdims: bool = False,
+  ddof: int = 1,
 ) -> jax.Array:
   # sqrt has an infinite derivative at 0; statistics are never differentiated
   # in rljax (they scale detached advantages), but keep the value exact.

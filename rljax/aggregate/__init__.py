@@ -7,9 +7,9 @@ from rljax.aggregate._aggregate import token_mean
 from rljax.aggregate._aggregate import token_sum
 
 __all__ = [
-    "seq_mean_token_mean",
-    "seq_mean_token_sum",
-    "seq_mean_token_sum_norm",
-    "token_mean",
-    "token_sum",
+  "seq_mean_token_mean",
+  "seq_mean_token_sum",
+  "seq_mean_token_sum_norm",
+  "token_mean",
+  "token_sum",
 ]

@@ -35,7 +35,7 @@ def token_mean(loss_BT: ArrayLike, mask_BT: ArrayLike) -> Mean:
 
 
 def token_sum(
-    loss_BT: ArrayLike, mask_BT: ArrayLike, *, normalizer: float = 1.0
+  loss_BT: ArrayLike, mask_BT: ArrayLike, *, normalizer: float = 1.0
 ) -> Mean:
   """sum_i S_i / normalizer, a constant (denominator 0 = no normaliser).
 
@@ -62,10 +62,10 @@ def seq_mean_token_mean(loss_BT: ArrayLike, mask_BT: ArrayLike) -> Mean:
 
 
 def seq_mean_token_sum_norm(
-    loss_BT: ArrayLike,
-    mask_BT: ArrayLike,
-    *,
-    max_length: Optional[float] = None,
+  loss_BT: ArrayLike,
+  mask_BT: ArrayLike,
+  *,
+  max_length: Optional[float] = None,
 ) -> Mean:
   """sum_i S_i / (E * L_max): Dr.GRPO's constant length normaliser.
 
@@ -76,5 +76,5 @@ def seq_mean_token_sum_norm(
   checks.positive(max_length=length)
   seq_sum, seq_len = _sums(loss_BT, mask_BT)
   return Mean(
-      jnp.sum(seq_sum) / length, jnp.sum(seq_len > 0, dtype=jnp.float32)
+    jnp.sum(seq_sum) / length, jnp.sum(seq_len > 0, dtype=jnp.float32)
   )

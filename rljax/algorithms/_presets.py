@@ -39,50 +39,50 @@ def grpo(*, eps: float = 0.2, kl_coef: float = 0.0) -> Algorithm:
   sequence's token mean averaged over sequences; k3 KL in the loss when
   ``kl_coef`` > 0 (the paper used 0.04; TRL's default is 0)."""
   return Algorithm(
-      chain(
-          transforms.group_advantages(advantages.grpo),
-          _ppo_clip(eps, eps),
-          *_kl_loss(kl_coef),
-      ),
-      aggregate.seq_mean_token_mean,
+    chain(
+      transforms.group_advantages(advantages.grpo),
+      _ppo_clip(eps, eps),
+      *_kl_loss(kl_coef),
+    ),
+    aggregate.seq_mean_token_mean,
   )
 
 
 def dapo(
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    max_length: Optional[int] = None,
-    overlong_buffer: Optional[int] = None,
-    overlong_factor: float = 1.0,
-    dynamic_sampling: bool = True,
+  *,
+  eps_low: float = 0.2,
+  eps_high: float = 0.28,
+  max_length: Optional[int] = None,
+  overlong_buffer: Optional[int] = None,
+  overlong_factor: float = 1.0,
+  dynamic_sampling: bool = True,
 ) -> Algorithm:
   """DAPO (arXiv 2503.14476): clip-higher, dynamic sampling, token-level
   loss, and the soft overlong penalty when ``max_length`` and
   ``overlong_buffer`` are given (the paper: 20480 and 4096). No KL term."""
-  stages = []
   if (max_length is None) != (overlong_buffer is None):
     raise ValueError(
-        "dapo: set both max_length and overlong_buffer to enable the overlong"
-        " penalty, or neither."
+      "dapo: set both max_length and overlong_buffer to enable the overlong"
+      " penalty, or neither."
     )
+  # The filter reads the task reward before shaping: the paper drops prompts
+  # whose accuracy is 0 or 1 (verl's DAPO scripts: filter metric `acc`).
+  stages = [transforms.dynamic_sampling()] if dynamic_sampling else []
   if max_length is not None:
     stages.append(
-        transforms.overlong_penalty(
-            max_length=max_length,
-            buffer=overlong_buffer,
-            factor=overlong_factor,
-        )
+      transforms.overlong_penalty(
+        max_length=max_length,
+        buffer=overlong_buffer,
+        factor=overlong_factor,
+      )
     )
-  if dynamic_sampling:
-    stages.append(transforms.dynamic_sampling())
   return Algorithm(
-      chain(
-          *stages,
-          transforms.group_advantages(advantages.grpo),
-          _ppo_clip(eps_low, eps_high),
-      ),
-      aggregate.token_mean,
+    chain(
+      *stages,
+      transforms.group_advantages(advantages.grpo),
+      _ppo_clip(eps_low, eps_high),
+    ),
+    aggregate.token_mean,
   )
 
 
@@ -90,19 +90,19 @@ def dr_grpo(*, eps: float = 0.2, max_length: Optional[int] = None) -> Algorithm:
   """Dr.GRPO (arXiv 2503.20783): no std scaling, no per-sequence length
   normalisation: token sums over (sequences x max_length)."""
   return Algorithm(
-      chain(
-          transforms.group_advantages(advantages.dr_grpo),
-          _ppo_clip(eps, eps),
-      ),
-      functools.partial(aggregate.seq_mean_token_sum_norm, max_length=max_length),
+    chain(
+      transforms.group_advantages(advantages.dr_grpo),
+      _ppo_clip(eps, eps),
+    ),
+    functools.partial(aggregate.seq_mean_token_sum_norm, max_length=max_length),
   )
 
 
 def bnpo(*, eps: float = 0.2) -> Algorithm:
   """BNPO (TRL `bnpo`): GRPO advantages, PPO clip, batch token mean."""
   return Algorithm(
-      chain(transforms.group_advantages(advantages.grpo), _ppo_clip(eps, eps)),
-      aggregate.token_mean,
+    chain(transforms.group_advantages(advantages.grpo), _ppo_clip(eps, eps)),
+    aggregate.token_mean,
   )
 
 
@@ -110,11 +110,11 @@ def gspo(*, eps_low: float = 3e-4, eps_high: float = 4e-4) -> Algorithm:
   """GSPO (arXiv 2507.18071): sequence-level ratio (geometric mean of token
   ratios) clipped per sequence; the paper's eps 3e-4 / 4e-4, no KL."""
   return Algorithm(
-      chain(
-          transforms.group_advantages(advantages.grpo),
-          objectives.policy(losses.gspo, eps_low=eps_low, eps_high=eps_high),
-      ),
-      aggregate.seq_mean_token_mean,
+    chain(
+      transforms.group_advantages(advantages.grpo),
+      objectives.policy(losses.gspo, eps_low=eps_low, eps_high=eps_high),
+    ),
+    aggregate.seq_mean_token_mean,
   )
 
 
@@ -122,11 +122,11 @@ def sapo(*, tau_pos: float = 1.0, tau_neg: float = 1.05) -> Algorithm:
   """SAPO (arXiv 2511.20347): a soft sigmoid gate instead of the hard clip,
   sharper for negative advantages (verl and TRL defaults)."""
   return Algorithm(
-      chain(
-          transforms.group_advantages(advantages.grpo),
-          objectives.policy(losses.sapo, tau_pos=tau_pos, tau_neg=tau_neg),
-      ),
-      aggregate.seq_mean_token_mean,
+    chain(
+      transforms.group_advantages(advantages.grpo),
+      objectives.policy(losses.sapo, tau_pos=tau_pos, tau_neg=tau_neg),
+    ),
+    aggregate.seq_mean_token_mean,
   )
 
 
@@ -135,11 +135,11 @@ def cispo(*, max_ratio: float = 5.0) -> Algorithm:
   ratio capped at ``max_ratio`` (TRL/ScaleRL semantics, cap 5); token mean.
   For verl's two-sided clip use ``objectives.policy(losses.cispo, ...)``."""
   return Algorithm(
-      chain(
-          transforms.group_advantages(advantages.grpo),
-          objectives.policy(losses.cispo_capped, max_ratio=max_ratio),
-      ),
-      aggregate.token_mean,
+    chain(
+      transforms.group_advantages(advantages.grpo),
+      objectives.policy(losses.cispo_capped, max_ratio=max_ratio),
+    ),
+    aggregate.token_mean,
   )
 
 
@@ -147,11 +147,11 @@ def gmpo(*, eps: float = 0.4) -> Algorithm:
   """GMPO (arXiv 2507.20673): geometric mean of token ratios clipped in log
   space (eps 0.4: paper, TRL, verl examples); mean over sequences."""
   return Algorithm(
-      chain(
-          transforms.group_advantages(advantages.grpo),
-          objectives.policy(losses.gmpo, eps_low=eps, eps_high=eps),
-      ),
-      aggregate.seq_mean_token_mean,
+    chain(
+      transforms.group_advantages(advantages.grpo),
+      objectives.policy(losses.gmpo, eps_low=eps, eps_high=eps),
+    ),
+    aggregate.seq_mean_token_mean,
   )
 
 
@@ -159,32 +159,32 @@ def gpg() -> Algorithm:
   """GPG (arXiv 2504.02546): REINFORCE with GPG's batch-rescaled group
   advantages, no ratio, no clip; token mean (verl `gpg`)."""
   return Algorithm(
-      chain(
-          transforms.group_advantages(advantages.gpg),
-          objectives.policy(losses.reinforce),
-      ),
-      aggregate.token_mean,
+    chain(
+      transforms.group_advantages(advantages.gpg),
+      objectives.policy(losses.reinforce),
+    ),
+    aggregate.token_mean,
   )
 
 
 def ppo(
-    *,
-    eps: float = 0.2,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    kl_coef: float = 0.0,
+  *,
+  eps: float = 0.2,
+  gamma: float = 1.0,
+  lam: float = 1.0,
+  kl_coef: float = 0.0,
 ) -> Algorithm:
   """PPO for LLMs (Ouyang et al. 2022): GAE over the value model's
   `old_values_PGT`, whitened advantages, PPO clip, token mean; k1 KL folded
   into the rewards when ``kl_coef`` > 0 (OpenRLHF: 0.01). Train the critic
   with `rljax.objectives.value_loss`."""
   return Algorithm(
-      chain(
-          *_kl_reward(kl_coef),
-          transforms.gae_advantages(gamma=gamma, lam=lam),
-          _ppo_clip(eps, eps),
-      ),
-      aggregate.token_mean,
+    chain(
+      *_kl_reward(kl_coef),
+      transforms.gae_advantages(gamma=gamma, lam=lam),
+      _ppo_clip(eps, eps),
+    ),
+    aggregate.token_mean,
   )
 
 
@@ -192,27 +192,27 @@ def rloo(*, eps: float = 0.2, kl_coef: float = 0.0) -> Algorithm:
   """RLOO (arXiv 2402.14740): leave-one-out baseline, PPO clip, token mean
   (verl `rloo`); k1 KL in the reward when ``kl_coef`` > 0 (TRL: 0.05)."""
   return Algorithm(
-      chain(
-          *_kl_reward(kl_coef),
-          transforms.group_advantages(advantages.rloo),
-          _ppo_clip(eps, eps),
-      ),
-      aggregate.token_mean,
+    chain(
+      *_kl_reward(kl_coef),
+      transforms.group_advantages(advantages.rloo),
+      _ppo_clip(eps, eps),
+    ),
+    aggregate.token_mean,
   )
 
 
 def reinforce_pp(
-    *, eps: float = 0.2, gamma: float = 1.0, kl_coef: float = 0.0
+  *, eps: float = 0.2, gamma: float = 1.0, kl_coef: float = 0.0
 ) -> Algorithm:
   """REINFORCE++ (arXiv 2501.03262): discounted token returns whitened over
   the batch, PPO clip, token mean; k1 KL in the reward when ``kl_coef`` > 0."""
   return Algorithm(
-      chain(
-          *_kl_reward(kl_coef),
-          transforms.reinforce_pp_advantages(gamma=gamma),
-          _ppo_clip(eps, eps),
-      ),
-      aggregate.token_mean,
+    chain(
+      *_kl_reward(kl_coef),
+      transforms.reinforce_pp_advantages(gamma=gamma),
+      _ppo_clip(eps, eps),
+    ),
+    aggregate.token_mean,
   )
 
 
@@ -220,25 +220,25 @@ def remax(*, eps: float = 0.2) -> Algorithm:
   """ReMax (arXiv 2310.10505): the greedy completion's reward as baseline
   (`baseline_rewards_P`), PPO clip, token mean (verl `remax`)."""
   return Algorithm(
-      chain(transforms.remax_advantages(), _ppo_clip(eps, eps)),
-      aggregate.token_mean,
+    chain(transforms.remax_advantages(), _ppo_clip(eps, eps)),
+    aggregate.token_mean,
   )
 
 
 PRESETS = {
-    "bnpo": bnpo,
-    "cispo": cispo,
-    "dapo": dapo,
-    "dr_grpo": dr_grpo,
-    "gmpo": gmpo,
-    "gpg": gpg,
-    "grpo": grpo,
-    "gspo": gspo,
-    "ppo": ppo,
-    "reinforce_pp": reinforce_pp,
-    "remax": remax,
-    "rloo": rloo,
-    "sapo": sapo,
+  "bnpo": bnpo,
+  "cispo": cispo,
+  "dapo": dapo,
+  "dr_grpo": dr_grpo,
+  "gmpo": gmpo,
+  "gpg": gpg,
+  "grpo": grpo,
+  "gspo": gspo,
+  "ppo": ppo,
+  "reinforce_pp": reinforce_pp,
+  "remax": remax,
+  "rloo": rloo,
+  "sapo": sapo,
 }
 
 
@@ -246,6 +246,6 @@ def get(name: str, **kwargs) -> Algorithm:
   """The preset called `name`, built with `kwargs`."""
   if name not in PRESETS:
     raise ValueError(
-        f"unknown algorithm preset {name!r}; choose one of {sorted(PRESETS)}."
+      f"unknown algorithm preset {name!r}; choose one of {sorted(PRESETS)}."
     )
   return PRESETS[name](**kwargs)

@@ -1,1 +1,67 @@
-"""Per-token and per-pair losses (pure functions; filled by the modules below)."""
+"""Losses as pure functions of arrays.
+
+Policy surrogates take ``(logp_BT, old_logp_BT, adv_BT, mask_BT, **hyper)`` and
+return a `TokenLoss` of per-token values to minimise; KL estimators take
+``(logp_BT, ref_logp_BT)``; value losses and preference losses have their own
+signatures. Nothing here reduces over tokens: `rljax.aggregate` does.
+"""
+
+from rljax.losses._kl import kl_abs
+from rljax.losses._kl import kl_k1
+from rljax.losses._kl import kl_k2
+from rljax.losses._kl import kl_k3
+from rljax.losses._kl import kl_k3_importance_corrected
+from rljax.losses._kl import straight_through
+from rljax.losses._policy import TokenLoss
+from rljax.losses._policy import cispo
+from rljax.losses._policy import cispo_capped
+from rljax.losses._policy import clip_cov
+from rljax.losses._policy import gmpo
+from rljax.losses._policy import gppo
+from rljax.losses._policy import gspo
+from rljax.losses._policy import gspo_token
+from rljax.losses._policy import kl_cov
+from rljax.losses._policy import luspo
+from rljax.losses._policy import ppo_clip
+from rljax.losses._policy import reinforce
+from rljax.losses._policy import sapo
+from rljax.losses._policy import vespo
+from rljax.losses._preference import PreferenceLoss
+from rljax.losses._preference import dpo
+from rljax.losses._preference import ipo
+from rljax.losses._preference import sequence_logp
+from rljax.losses._preference import simpo
+from rljax.losses._value import ValueLoss
+from rljax.losses._value import value_clip
+from rljax.losses._value import value_mse
+
+__all__ = [
+  "PreferenceLoss",
+  "TokenLoss",
+  "ValueLoss",
+  "cispo",
+  "cispo_capped",
+  "clip_cov",
+  "dpo",
+  "gmpo",
+  "gppo",
+  "gspo",
+  "gspo_token",
+  "ipo",
+  "kl_abs",
+  "kl_cov",
+  "kl_k1",
+  "kl_k2",
+  "kl_k3",
+  "kl_k3_importance_corrected",
+  "luspo",
+  "ppo_clip",
+  "reinforce",
+  "sapo",
+  "sequence_logp",
+  "simpo",
+  "straight_through",
+  "value_clip",
+  "value_mse",
+  "vespo",
+]

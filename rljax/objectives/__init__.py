@@ -14,13 +14,13 @@ from rljax.objectives._policy import randomized_policy
 from rljax.objectives._value import value_loss
 
 __all__ = [
-    "adaptive_entropy_bonus",
-    "adaptive_kl_penalty",
-    "entropy_bonus",
-    "kl_penalty",
-    "off_policy_mask",
-    "policy",
-    "randomized_policy",
-    "top_entropy_mask",
-    "value_loss",
+  "adaptive_entropy_bonus",
+  "adaptive_kl_penalty",
+  "entropy_bonus",
+  "kl_penalty",
+  "off_policy_mask",
+  "policy",
+  "randomized_policy",
+  "top_entropy_mask",
+  "value_loss",
 ]

@@ -15,11 +15,13 @@ from rljax._src.base import old_logp
 from rljax._src.base import stateless_apply
 
 
-def _weighted(terms: LossTerms, weight: jax.Array, name: str, mask) -> LossTerms:
+def _weighted(
+  terms: LossTerms, weight: jax.Array, name: str, mask
+) -> LossTerms:
   metrics = dict(terms.metrics)
   metrics[name] = mean_metric(weight, mask)
   return terms._replace(
-      policy_weight_PGT=terms.policy_weight_PGT * weight, metrics=metrics
+    policy_weight_PGT=terms.policy_weight_PGT * weight, metrics=metrics
   )
 
 
@@ -29,14 +31,14 @@ def top_entropy_mask(*, keep_fraction: float = 0.2) -> Transform:
   def fn(terms: LossTerms, batch: Batch) -> LossTerms:
     if terms.entropy_PGT is None:
       raise ValueError(
-          "top_entropy_mask needs the policy entropies: pass entropy_PGT= to"
-          " Algorithm.loss."
+        "top_entropy_mask needs the policy entropies: pass entropy_PGT= to"
+        " Algorithm.loss."
       )
     mask = batch.loss_mask()
     keep = masks.top_entropy_mask(
-        jax.lax.stop_gradient(terms.entropy_PGT),
-        mask,
-        keep_fraction=keep_fraction,
+      jax.lax.stop_gradient(terms.entropy_PGT),
+      mask,
+      keep_fraction=keep_fraction,
     )
     return _weighted(terms, keep, "top_entropy_kept", mask)
 
@@ -57,7 +59,7 @@ def off_policy_mask(*, delta: float = 0.5) -> Transform:
       sampler = old_logp(terms.logp_PGT, batch)
     mask = batch.loss_mask()
     keep = masks.off_policy_sequence_mask(
-        terms.logp_PGT, sampler, batch.advantages_PGT, mask, delta=delta
+      terms.logp_PGT, sampler, batch.advantages_PGT, mask, delta=delta
     )
     return _weighted(terms, keep, "off_policy_kept", mask)
 

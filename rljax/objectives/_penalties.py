@@ -33,7 +33,7 @@ def _add_kl(terms, batch, estimator, coef) -> LossTerms:
   metrics["kl_ref"] = mean_metric(jax.lax.stop_gradient(kl), batch.loss_mask())
   metrics["kl_coef"] = _scalar_metric(coef)
   return terms._replace(
-      penalty_PGT=terms.penalty_PGT + coef * kl, metrics=metrics
+    penalty_PGT=terms.penalty_PGT + coef * kl, metrics=metrics
   )
 
 
@@ -45,18 +45,18 @@ def kl_penalty(estimator: Estimator, *, coef: float = 1e-3) -> Transform:
   """
   checks.non_negative(coef=coef)
   return Transform(
-      init=lambda: (),
-      prepare=lambda batch, state: (batch, state),
-      apply=lambda terms, batch, state: _add_kl(terms, batch, estimator, coef),
+    init=lambda: (),
+    prepare=lambda batch, state: (batch, state),
+    apply=lambda terms, batch, state: _add_kl(terms, batch, estimator, coef),
   )
 
 
 def adaptive_kl_penalty(
-    estimator: Estimator,
-    *,
-    init_coef: float = 1e-3,
-    target: float = 0.1,
-    horizon: float = 10_000,
+  estimator: Estimator,
+  *,
+  init_coef: float = 1e-3,
+  target: float = 0.1,
+  horizon: float = 10_000,
 ) -> Transform:
   """`kl_penalty` whose coefficient follows the adaptive KL controller.
 
@@ -71,29 +71,29 @@ def adaptive_kl_penalty(
     current = stats.masked_mean(kl, batch.loss_mask())
     n_steps = batch.shape[0] * batch.shape[1]
     return batch, controllers.adaptive_kl(
-        state, current, target=target, horizon=horizon, n_steps=n_steps
+      state, current, target=target, horizon=horizon, n_steps=n_steps
     )
 
   return Transform(
-      init=lambda: controllers.init_coef(init_coef),
-      prepare=prepare,
-      apply=lambda terms, batch, state: _add_kl(
-          terms, batch, estimator, state.coef
-      ),
+    init=lambda: controllers.init_coef(init_coef),
+    prepare=prepare,
+    apply=lambda terms, batch, state: _add_kl(
+      terms, batch, estimator, state.coef
+    ),
   )
 
 
 def _add_entropy(terms: LossTerms, batch: Batch, coef) -> LossTerms:
   if terms.entropy_PGT is None:
     raise ValueError(
-        "entropy_bonus needs the policy entropies: pass entropy_PGT= to"
-        " Algorithm.loss."
+      "entropy_bonus needs the policy entropies: pass entropy_PGT= to"
+      " Algorithm.loss."
     )
   entropy = stats.f32(terms.entropy_PGT)
   metrics = dict(terms.metrics)
   metrics["entropy_coef"] = _scalar_metric(coef)
   return terms._replace(
-      penalty_PGT=terms.penalty_PGT - coef * entropy, metrics=metrics
+    penalty_PGT=terms.penalty_PGT - coef * entropy, metrics=metrics
   )
 
 
@@ -101,19 +101,19 @@ def entropy_bonus(*, coef: float = 1e-3) -> Transform:
   """Subtract coef * H per token (verl `entropy_coeff`, TRL `entropy_coef`)."""
   checks.non_negative(coef=coef)
   return Transform(
-      init=lambda: (),
-      prepare=lambda batch, state: (batch, state),
-      apply=lambda terms, batch, state: _add_entropy(terms, batch, coef),
+    init=lambda: (),
+    prepare=lambda batch, state: (batch, state),
+    apply=lambda terms, batch, state: _add_entropy(terms, batch, coef),
   )
 
 
 def adaptive_entropy_bonus(
-    *,
-    init_coef: float = 0.0,
-    target: float = 0.2,
-    delta: float = 0.005,
-    min_coef: float = 0.0,
-    max_coef: float = 1.0,
+  *,
+  init_coef: float = 0.0,
+  target: float = 0.2,
+  delta: float = 0.005,
+  min_coef: float = 0.0,
+  max_coef: float = 1.0,
 ) -> Transform:
   """Skywork-OR1 adaptive entropy bonus (TRL `use_adaptive_entropy`).
 
@@ -128,18 +128,18 @@ def adaptive_entropy_bonus(
     batch.require("old_entropy_PGT", by="adaptive_entropy_bonus")
     entropy = stats.masked_mean(batch.old_entropy_PGT, batch.loss_mask())
     return batch, controllers.adaptive_entropy(
-        state,
-        entropy,
-        target=target,
-        delta=delta,
-        min_coef=min_coef,
-        max_coef=max_coef,
+      state,
+      entropy,
+      target=target,
+      delta=delta,
+      min_coef=min_coef,
+      max_coef=max_coef,
     )
 
   return Transform(
-      init=lambda: controllers.init_coef(init_coef),
-      prepare=prepare,
-      apply=lambda terms, batch, state: _add_entropy(
-          terms, batch, state.coef * state.active
-      ),
+    init=lambda: controllers.init_coef(init_coef),
+    prepare=prepare,
+    apply=lambda terms, batch, state: _add_entropy(
+      terms, batch, state.coef * state.active
+    ),
   )

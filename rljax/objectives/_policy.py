@@ -4,8 +4,8 @@ Any function ``f(logp_BT, old_logp_BT, adv_BT, mask_BT, **hyper) -> TokenLoss``
 plugs in, so a new objective is one small function (see the README).
 """
 
-import functools
 from collections.abc import Callable
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,7 @@ def _add_policy(terms: LossTerms, out, mask: jax.Array) -> LossTerms:
   metrics["clip_frac_low"] = mean_metric(out.clip_low, mask)
   metrics["clip_frac_high"] = mean_metric(out.clip_high, mask)
   return terms._replace(
-      policy_loss_PGT=terms.policy_loss_PGT + out.loss, metrics=metrics
+    policy_loss_PGT=terms.policy_loss_PGT + out.loss, metrics=metrics
   )
 
 
@@ -51,12 +51,12 @@ def _policy(loss_fn: Callable, hyper: dict, with_key: bool) -> Transform:
       extra["key"] = terms.key
     mask = batch.loss_mask()
     out = loss_fn(
-        terms.logp_PGT,
-        old_logp(terms.logp_PGT, batch),
-        batch.advantages_PGT,
-        mask,
-        **hyper,
-        **extra,
+      terms.logp_PGT,
+      old_logp(terms.logp_PGT, batch),
+      batch.advantages_PGT,
+      mask,
+      **hyper,
+      **extra,
     )
     return _add_policy(terms, out, mask)
 

@@ -15,11 +15,11 @@ from rljax._src.base import mean_metric
 
 
 def value_loss(
-    values_PGT: ArrayLike,
-    batch: Batch,
-    *,
-    eps: Optional[float] = 0.2,
-    aggregate: Aggregation = aggregate_lib.token_mean,
+  values_PGT: ArrayLike,
+  batch: Batch,
+  *,
+  eps: Optional[float] = 0.2,
+  aggregate: Aggregation = aggregate_lib.token_mean,
 ) -> tuple[Mean, dict[str, Mean]]:
   """Clipped value loss against `returns_PGT` (from `gae_advantages`).
 
@@ -27,20 +27,22 @@ def value_loss(
   loss with the actor's mode (token-mean by default); OpenRLHF uses eps 0.5.
   """
   check_batch(batch)
-  checks.same_shape(["values_PGT", "Batch.mask_PGT"], values_PGT, batch.mask_PGT)
+  checks.same_shape(
+    ["values_PGT", "Batch.mask_PGT"], values_PGT, batch.mask_PGT
+  )
   batch.require("returns_PGT", by="value_loss")
   if eps is None:
     out = losses.value_mse(values_PGT, batch.returns_PGT)
   else:
     batch.require("old_values_PGT", by="value_loss with eps (clipping)")
     out = losses.value_clip(
-        values_PGT, batch.old_values_PGT, batch.returns_PGT, eps=eps
+      values_PGT, batch.old_values_PGT, batch.returns_PGT, eps=eps
     )
   mask = batch.loss_mask()
   loss = aggregate(out.loss, mask)
   metrics = {
-      "value_loss": loss,
-      "value_clip_frac": mean_metric(out.clipped, mask),
-      "value_mean": mean_metric(values_PGT, mask),
+    "value_loss": loss,
+    "value_clip_frac": mean_metric(out.clipped, mask),
+    "value_mean": mean_metric(values_PGT, mask),
   }
   return loss, metrics

@@ -28,7 +28,9 @@ def sequence_rewards(batch: Batch) -> jax.Array:
 def token_rewards(batch: Batch) -> jax.Array:
   """[P, G, T] rewards per token: the outcome reward on the last token."""
   batch.require("rewards_PG", by="a token-level advantage estimator")
-  rewards = advantages.outcome_to_token_rewards(batch.rewards_PG, batch.mask_PGT)
+  rewards = advantages.outcome_to_token_rewards(
+    batch.rewards_PG, batch.mask_PGT
+  )
   if batch.token_rewards_PGT is not None:
     rewards += stats.f32(batch.token_rewards_PGT)
   return rewards
@@ -38,7 +40,9 @@ def _per_token(batch: Batch, adv_PG: jax.Array) -> Batch:
   return batch._replace(advantages_PGT=adv_PG[..., None] * batch.loss_mask())
 
 
-def group_advantages(estimator: Callable[..., jax.Array], **kwargs) -> Transform:
+def group_advantages(
+  estimator: Callable[..., jax.Array], **kwargs
+) -> Transform:
   """Any estimator ``f(rewards_PG, sample_mask_PG, **kwargs) -> adv_PG``.
 
   Covers grpo, dr_grpo, batch_std, rloo, gpg, pass_at_k and user estimators.
@@ -71,7 +75,7 @@ def remax_advantages() -> Transform:
   def fn(batch: Batch) -> Batch:
     batch.require("baseline_rewards_P", by="remax_advantages")
     adv = advantages.remax(
-        sequence_rewards(batch), batch.baseline_rewards_P, batch.samples()
+      sequence_rewards(batch), batch.baseline_rewards_P, batch.samples()
     )
     return _per_token(batch, adv)
 
@@ -84,7 +88,7 @@ def gdpo_advantages(weights=None, *, eps: float = 1e-4) -> Transform:
   def fn(batch: Batch) -> Batch:
     batch.require("rewards_PGK", by="gdpo_advantages")
     adv = advantages.gdpo(
-        batch.rewards_PGK, batch.samples(), weights=weights, eps=eps
+      batch.rewards_PGK, batch.samples(), weights=weights, eps=eps
     )
     return _per_token(batch, adv)
 
@@ -96,7 +100,7 @@ def reinforce_pp_advantages(*, gamma: float = 1.0) -> Transform:
 
   def fn(batch: Batch) -> Batch:
     adv = advantages.reinforce_pp(
-        token_rewards(batch), batch.loss_mask(), gamma=gamma
+      token_rewards(batch), batch.loss_mask(), gamma=gamma
     )
     return batch._replace(advantages_PGT=adv)
 
@@ -108,7 +112,7 @@ def reinforce_pp_baseline_advantages() -> Transform:
 
   def fn(batch: Batch) -> Batch:
     adv = advantages.reinforce_pp_baseline(
-        sequence_rewards(batch), batch.loss_mask(), batch.samples()
+      sequence_rewards(batch), batch.loss_mask(), batch.samples()
     )
     return batch._replace(advantages_PGT=adv)
 
@@ -116,7 +120,7 @@ def reinforce_pp_baseline_advantages() -> Transform:
 
 
 def gae_advantages(
-    *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
+  *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
 ) -> Transform:
   """GAE over `old_values_PGT`; writes advantages and value `returns_PGT`.
 
@@ -128,12 +132,10 @@ def gae_advantages(
     batch.require("old_values_PGT", by="gae_advantages")
     mask = batch.loss_mask()
     adv, returns = advantages.gae(
-        token_rewards(batch), batch.old_values_PGT, mask, gamma=gamma, lam=lam
+      token_rewards(batch), batch.old_values_PGT, mask, gamma=gamma, lam=lam
     )
     if whiten:
       adv = advantages.whiten(adv, mask)
     return batch._replace(advantages_PGT=adv, returns_PGT=returns)
 
   return stateless_prepare(fn)
-
-

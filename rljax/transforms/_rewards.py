@@ -21,14 +21,14 @@ def weighted_rewards(weights=None) -> Transform:
   def fn(batch: Batch) -> Batch:
     batch.require("rewards_PGK", by="weighted_rewards")
     return batch._replace(
-        rewards_PG=shaping.weighted_sum(batch.rewards_PGK, weights)
+      rewards_PG=shaping.weighted_sum(batch.rewards_PGK, weights)
     )
 
   return stateless_prepare(fn)
 
 
 def overlong_penalty(
-    *, max_length: int, buffer: int, factor: float = 1.0
+  *, max_length: int, buffer: int, factor: float = 1.0
 ) -> Transform:
   """DAPO soft overlong punishment, lengths counted in completion tokens."""
   checks.positive(max_length=max_length, buffer=buffer)
@@ -37,7 +37,7 @@ def overlong_penalty(
     batch.require("rewards_PG", by="overlong_penalty")
     lengths = stats.sequence_lengths(batch.mask_PGT)
     penalty = shaping.overlong_penalty(
-        lengths, max_length=max_length, buffer=buffer, factor=factor
+      lengths, max_length=max_length, buffer=buffer, factor=factor
     )
     return batch._replace(rewards_PG=stats.f32(batch.rewards_PG) + penalty)
 
@@ -50,7 +50,7 @@ def stop_properly_penalty(*, coef: float) -> Transform:
   def fn(batch: Batch) -> Batch:
     batch.require("rewards_PG", "truncated_PG", by="stop_properly_penalty")
     rewards = shaping.stop_properly_penalty(
-        batch.rewards_PG, batch.truncated_PG, coef=coef
+      batch.rewards_PG, batch.truncated_PG, coef=coef
     )
     return batch._replace(rewards_PG=rewards)
 
@@ -63,7 +63,7 @@ def clip_rewards(*, low: float = -10.0, high: float = 10.0) -> Transform:
   def fn(batch: Batch) -> Batch:
     batch.require("rewards_PG", by="clip_rewards")
     return batch._replace(
-        rewards_PG=shaping.clip_rewards(batch.rewards_PG, low=low, high=high)
+      rewards_PG=shaping.clip_rewards(batch.rewards_PG, low=low, high=high)
     )
 
   return stateless_prepare(fn)
@@ -76,12 +76,12 @@ def _with_kl_reward(batch: Batch, estimator, coef) -> tuple[Batch, jax.Array]:
   base = batch.token_rewards_PGT
   base = jnp.zeros(batch.shape, jnp.float32) if base is None else base
   rewards = shaping.kl_in_reward(
-      base,
-      batch.old_logp_PGT,
-      batch.ref_logp_PGT,
-      mask,
-      coef=coef,
-      estimator=estimator,
+    base,
+    batch.old_logp_PGT,
+    batch.ref_logp_PGT,
+    mask,
+    coef=coef,
+    estimator=estimator,
   )
   kl = estimator(batch.old_logp_PGT, batch.ref_logp_PGT)
   # verl's controller input: batch mean of per-sequence token means.
@@ -91,7 +91,7 @@ def _with_kl_reward(batch: Batch, estimator, coef) -> tuple[Batch, jax.Array]:
 
 
 def kl_in_reward(
-    estimator: Callable[..., jax.Array], *, coef: float = 1e-3
+  estimator: Callable[..., jax.Array], *, coef: float = 1e-3
 ) -> Transform:
   """Fold -coef * KL(old || ref) into the per-token rewards (verl, RLOO).
 
@@ -107,12 +107,12 @@ def kl_in_reward(
 
 
 def adaptive_kl_in_reward(
-    estimator: Callable[..., jax.Array],
-    *,
-    init_coef: float = 1e-3,
-    target: float = 0.1,
-    horizon: float = 10_000,
-    n_steps: Optional[float] = None,
+  estimator: Callable[..., jax.Array],
+  *,
+  init_coef: float = 1e-3,
+  target: float = 0.1,
+  horizon: float = 10_000,
+  n_steps: Optional[float] = None,
 ) -> Transform:
   """`kl_in_reward` with the adaptive controller (Ziegler et al., 2019).
 
@@ -125,12 +125,12 @@ def adaptive_kl_in_reward(
     batch, kl = _with_kl_reward(batch, estimator, state.coef)
     steps = batch.shape[0] * batch.shape[1] if n_steps is None else n_steps
     state = controllers.adaptive_kl(
-        state, kl, target=target, horizon=horizon, n_steps=steps
+      state, kl, target=target, horizon=horizon, n_steps=steps
     )
     return batch, state
 
   return Transform(
-      init=lambda: controllers.init_coef(init_coef),
-      prepare=prepare,
-      apply=lambda terms, batch, state: terms,
+    init=lambda: controllers.init_coef(init_coef),
+    prepare=prepare,
+    apply=lambda terms, batch, state: terms,
   )

@@ -29,7 +29,9 @@ def dynamic_sampling() -> Transform:
 
   def fn(batch: Batch) -> Batch:
     batch.require("rewards_PG", by="dynamic_sampling")
-    return _keep(batch, filters.dynamic_sampling(batch.rewards_PG, batch.samples()))
+    return _keep(
+      batch, filters.dynamic_sampling(batch.rewards_PG, batch.samples())
+    )
 
   return stateless_prepare(fn)
 
@@ -40,7 +42,7 @@ def reward_range_filter(*, low: float = 0.0, high: float = 1.0) -> Transform:
   def fn(batch: Batch) -> Batch:
     batch.require("rewards_PG", by="reward_range_filter")
     keep = filters.reward_range_filter(
-        batch.rewards_PG, batch.samples(), low=low, high=high
+      batch.rewards_PG, batch.samples(), low=low, high=high
     )
     return _keep(batch, keep)
 
@@ -53,7 +55,7 @@ def informative_groups(*, num_keep: int) -> Transform:
   def fn(batch: Batch) -> Batch:
     batch.require("rewards_PG", by="informative_groups")
     keep = filters.informative_groups(
-        batch.rewards_PG, batch.samples(), num_keep=num_keep
+      batch.rewards_PG, batch.samples(), num_keep=num_keep
     )
     return _keep(batch, keep)
 
@@ -66,7 +68,7 @@ def mask_truncated() -> Transform:
   def fn(batch: Batch) -> Batch:
     batch.require("truncated_PG", by="mask_truncated")
     return batch._replace(
-        mask_PGT=masks.truncated_mask(batch.truncated_PG, batch.mask_PGT)
+      mask_PGT=masks.truncated_mask(batch.truncated_PG, batch.mask_PGT)
     )
 
   return stateless_prepare(fn)

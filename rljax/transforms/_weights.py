@@ -46,5 +46,5 @@ def icepop(*, low: float = 0.5, high: float = 5.0) -> Transform:
 def sequence_masked_tis(*, low: float = 0.5, high: float = 5.0) -> Transform:
   """OpenRLHF seq-mask-tis: token IS gated by the sequence geometric ratio."""
   return _weighting(
-      "sequence_masked_tis", masks.sequence_masked_tis, low=low, high=high
+    "sequence_masked_tis", masks.sequence_masked_tis, low=low, high=high
   )

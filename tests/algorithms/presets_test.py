@@ -1,0 +1,145 @@
+"""Conformance suite: every preset jits, differentiates, shards, accumulates.
+
+Modelled on optax's contrib conformance tests: each property is checked for
+every entry of `rljax.algorithms.PRESETS`, so a new preset is covered by
+adding it to the dict.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rljax
+from rljax import testing
+
+PRESETS = sorted(rljax.algorithms.PRESETS)
+
+
+def _loss_fn(algo, batch, state):
+  def loss(logp):
+    value, metrics = algo.loss(logp, batch, state)
+    return value.value, metrics
+
+  return loss
+
+
+def _run(name, batch, logp):
+  algo = rljax.algorithms.get(name)
+  state = algo.init()
+  batch, state = jax.jit(algo.prepare)(batch, state)
+  loss = _loss_fn(algo, batch, state)
+  (value, metrics), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(logp)
+  return value, rljax.finalize(metrics), grad
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_jits_with_finite_loss_and_gradients(name):
+  batch = testing.random_batch(0)
+  value, metrics, grad = _run(name, batch, testing.perturbed_logp(batch))
+  assert value.dtype == jnp.float32 and np.isfinite(value)
+  assert np.all(np.isfinite(grad))
+  for key in (
+    "loss",
+    "clip_frac_low",
+    "clip_frac_high",
+    "ratio_mean",
+    "kl_old",
+  ):
+    assert np.isfinite(metrics[key]), key
+  # Padding tokens never receive gradient.
+  assert np.all(grad[np.asarray(batch.mask_PGT) == 0] == 0)
+  # Some token must be trained, or the test would pass vacuously.
+  assert np.any(grad != 0)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_bfloat16_inputs_give_float32_loss(name):
+  batch = testing.random_batch(1)
+  logp = testing.perturbed_logp(batch)
+  as_bf16 = lambda x: None if x is None else jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+  batch16 = jax.tree.map(as_bf16, batch)
+  v32, _, _ = _run(name, batch, logp)
+  v16, _, g16 = _run(name, batch16, as_bf16(logp))
+  assert v16.dtype == jnp.float32
+  assert np.isfinite(v16) and np.all(np.isfinite(g16))
+  np.testing.assert_allclose(v16, v32, atol=0.1, rtol=0.1)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_init_works_abstractly(name):
+  algo = rljax.algorithms.get(name)
+  abstract = jax.eval_shape(algo.init)
+  concrete = algo.init()
+  assert jax.tree.structure(abstract) == jax.tree.structure(concrete)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_micro_batches_give_the_exact_global_loss_and_gradient(name):
+  """Prepare once, then split prompts into two micro-batches: summing
+  numerators and denominators reproduces the whole batch exactly."""
+  algo = rljax.algorithms.get(name)
+  batch = testing.random_batch(2)
+  logp = testing.perturbed_logp(batch)
+  batch, state = algo.prepare(batch, algo.init())
+
+  def num_den(logp, batch):
+    return algo.loss(logp, batch, state)[0]
+
+  whole = num_den(logp, batch)
+  halves = [
+    jax.tree.map(lambda x, s=s: x[s], batch)
+    for s in (slice(0, 2), slice(2, 4))
+  ]
+  parts = [
+    num_den(logp[s], b) for s, b in zip((slice(0, 2), slice(2, 4)), halves)
+  ]
+  total = functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), parts)
+  np.testing.assert_allclose(total.value, whole.value, rtol=1e-5, atol=1e-7)
+
+  grad_whole = jax.grad(lambda l: num_den(l, batch).value)(logp)
+  # The denominator does not depend on the parameters: accumulate gradients
+  # of the numerators, divide once by the global denominator.
+  den = total.den if float(total.den) != 0 else 1.0
+  grad_parts = [
+    jax.grad(lambda l, b=b: num_den(l, b).num)(logp[s]) / den
+    for s, b in zip((slice(0, 2), slice(2, 4)), halves)
+  ]
+  np.testing.assert_allclose(
+    np.concatenate(grad_parts), grad_whole, rtol=1e-5, atol=1e-7
+  )
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_sharded_over_prompts_equals_single_device(name):
+  assert jax.device_count() == 8
+  mesh = jax.make_mesh((8,), ("data",))
+  sharding = jax.sharding.NamedSharding(
+    mesh, jax.sharding.PartitionSpec("data")
+  )
+  batch = testing.random_batch(3, prompts=8)
+  logp = testing.perturbed_logp(batch)
+  expected, _, grad = _run(name, batch, logp)
+  put = lambda x: None if x is None else jax.device_put(x, sharding)  # noqa: E731
+  value, _, sharded_grad = _run(name, jax.tree.map(put, batch), put(logp))
+  np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(sharded_grad, grad, rtol=1e-5, atol=1e-7)
+
+
+def test_unknown_preset_name_is_a_clear_error():
+  with pytest.raises(ValueError, match="unknown algorithm preset 'grop'.*grpo"):
+    rljax.algorithms.get("grop")
+
+
+def test_dapo_needs_both_overlong_settings():
+  with pytest.raises(ValueError, match="max_length and overlong_buffer"):
+    rljax.algorithms.dapo(max_length=16)
+
+
+def test_bad_hyperparameters_fail_when_the_algorithm_is_built():
+  with pytest.raises(ValueError, match="eps_high"):
+    rljax.algorithms.dapo(eps_high=-0.1)
+  with pytest.raises(ValueError, match="tau_pos"):
+    rljax.algorithms.sapo(tau_pos=0.0)
