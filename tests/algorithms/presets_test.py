@@ -90,8 +90,7 @@ def test_micro_batches_give_the_exact_global_loss_and_gradient(name):
 
   whole = num_den(logp, batch)
   halves = [
-    jax.tree.map(lambda x, s=s: x[s], batch)
-    for s in (slice(0, 2), slice(2, 4))
+    jax.tree.map(lambda x, s=s: x[s], batch) for s in (slice(0, 2), slice(2, 4))
   ]
   parts = [
     num_den(logp[s], b) for s, b in zip((slice(0, 2), slice(2, 4)), halves)
