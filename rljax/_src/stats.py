@@ -65,9 +65,14 @@ def masked_std(
   keepdims: bool = False,
   ddof: int = 1,
 ) -> jax.Array:
-  # sqrt has an infinite derivative at 0; statistics are never differentiated
-  # in rljax (they scale detached advantages), but keep the value exact.
-  return jnp.sqrt(masked_var(x, mask, axis, keepdims, ddof))
+  return safe_sqrt(masked_var(x, mask, axis, keepdims, ddof))
+
+
+def safe_sqrt(x: ArrayLike) -> jax.Array:
+  """sqrt(x) whose gradient is 0 rather than NaN at x == 0."""
+  x = f32(x)
+  positive = x > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
 
 
 def sequence_lengths(mask_BT: ArrayLike) -> jax.Array:

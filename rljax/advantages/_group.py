@@ -31,12 +31,6 @@ from rljax._src import checks
 from rljax._src import stats
 
 
-def _safe_sqrt(x: jax.Array) -> jax.Array:
-  """sqrt(x) whose gradient is 0 rather than NaN at x == 0."""
-  positive = x > 0
-  return jnp.where(positive, jnp.sqrt(jnp.where(positive, x, 1.0)), 0.0)
-
-
 def _validity(
   name: str, rewards: ArrayLike, sample_mask: Optional[ArrayLike]
 ) -> jax.Array:
@@ -77,12 +71,7 @@ def _group_stats(
   n = jnp.sum(valid, axis=-1, keepdims=True)
   mean = stats.masked_mean(r - ref, valid, axis=-1, keepdims=True)
   var = stats.masked_var(r - ref, valid, axis=-1, keepdims=True)
-  return n, ref + mean, _safe_sqrt(var)
-
-
-def _batch_std(x: jax.Array, mask: jax.Array) -> jax.Array:
-  """Unbiased std of `x` over every masked entry (a scalar)."""
-  return _safe_sqrt(stats.masked_var(x, mask))
+  return n, ref + mean, stats.safe_sqrt(var)
 
 
 def _scorable(valid: jax.Array, n: jax.Array) -> jax.Array:
@@ -183,7 +172,7 @@ def batch_std(
   checks.non_negative(eps=eps)
   r, valid = _prepare(rewards_PG, sample_mask_PG)
   n, mean, _ = _group_stats(r, valid)
-  adv = stats.safe_div(r - mean, _batch_std(r, valid) + eps)
+  adv = stats.safe_div(r - mean, stats.masked_std(r, valid) + eps)
   return _finish(adv, valid, n)
 
 
@@ -393,7 +382,7 @@ def gdpo(
   valid, n = valid[0], jnp.sum(valid[0], axis=-1, keepdims=True)
   scored = stats.f32(_scorable(valid, n))
   mean = stats.masked_mean(s, scored)
-  adv = stats.safe_div(s - mean, _batch_std(s, scored) + eps)
+  adv = stats.safe_div(s - mean, stats.masked_std(s, scored) + eps)
   return _finish(adv, valid, n)
 
 
