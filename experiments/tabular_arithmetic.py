@@ -115,7 +115,7 @@ def main(argv=None):
     )
     if i % 10 == 0 or i == args.steps - 1:
       print(
-        f"step {i:4d}  reward {float(m['reward']):.3f}  loss {float(m['loss']):+.4f}"
+        f"step {i:4d}  reward {float(m['reward']):.3f}  loss {float(m['loss']):+.2e}"
         f"  clip {float(m['clip_frac_low'] + m['clip_frac_high']):.3f}"
       )
   after = greedy_accuracy(params, answers)
