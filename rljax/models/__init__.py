@@ -1,0 +1,21 @@
+"""Decoder-only transformers (Llama, Qwen2, Qwen3 families) in Flax NNX."""
+
+from rljax.models._config import ModelConfig
+from rljax.models._config import RopeScaling
+from rljax.models._logprobs import token_logprobs
+from rljax.models._transformer import KVCache
+from rljax.models._transformer import Transformer
+from rljax.models._transformer import ValueModel
+from rljax.models._transformer import init_cache
+from rljax.models._transformer import positions_from_mask
+
+__all__ = [
+  "KVCache",
+  "ModelConfig",
+  "RopeScaling",
+  "Transformer",
+  "ValueModel",
+  "init_cache",
+  "positions_from_mask",
+  "token_logprobs",
+]

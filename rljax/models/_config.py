@@ -1,0 +1,65 @@
+"""Architecture hyperparameters of the decoder family (Llama, Qwen2, Qwen3)."""
+
+import dataclasses
+from typing import Optional
+
+from rljax._src import checks
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+  """Llama-3 style RoPE frequency scaling (HF `rope_type="llama3"`)."""
+
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+  """A decoder-only transformer: GQA, RoPE, RMSNorm, SwiGLU.
+
+  Llama: the defaults. Qwen2: ``qkv_bias=True``, untied embeddings. Qwen3:
+  ``qk_norm=True``. ``dtype`` is the compute dtype (bfloat16 on accelerators);
+  parameters are stored in ``param_dtype`` and logits are always float32.
+  """
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 10_000.0
+  rope_scaling: Optional[RopeScaling] = None
+  rms_norm_eps: float = 1e-6
+  tie_embeddings: bool = True
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  max_position_embeddings: int = 2048
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    checks.positive(
+      vocab_size=self.vocab_size,
+      hidden_size=self.hidden_size,
+      intermediate_size=self.intermediate_size,
+      num_layers=self.num_layers,
+      num_heads=self.num_heads,
+      num_kv_heads=self.num_kv_heads,
+      head_dim=self.head_dim,
+      rope_theta=self.rope_theta,
+      rms_norm_eps=self.rms_norm_eps,
+    )
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+        f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads"
+        f" ({self.num_kv_heads}) for grouped-query attention."
+      )
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for RoPE; got {self.head_dim}.")
+    checks.one_of("dtype", self.dtype, ["float32", "bfloat16", "float16"])
+    checks.one_of("param_dtype", self.param_dtype, ["float32", "bfloat16"])

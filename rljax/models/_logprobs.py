@@ -1,0 +1,46 @@
+"""Per-token log-probs and entropies of given sequences: the train step's
+entry point into the model."""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from rljax._src import checks
+from rljax.models._transformer import Transformer
+
+
+def token_logprobs(
+  model: Transformer,
+  tokens_BS: ArrayLike,
+  attention_mask_BS: Optional[ArrayLike] = None,
+  *,
+  temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+  """log p(token_s | tokens_<s) and the entropy of that distribution.
+
+  Logits are divided by the sampling `temperature` first (verl, TRL), so the
+  log-probs are those of the distribution that sampled the tokens. Position 0
+  has no prediction and gets 0, as do padding positions.
+
+  Returns:
+    (logp_BS, entropy_BS), float32.
+  """
+  checks.positive(temperature=temperature)
+  tokens = jnp.asarray(tokens_BS)
+  mask = (
+    jnp.ones(tokens.shape, jnp.float32)
+    if attention_mask_BS is None
+    else jnp.asarray(attention_mask_BS, jnp.float32)
+  )
+  hidden, _ = model.hidden_states(tokens, mask)
+  logits = model.logits(hidden[:, :-1]) / temperature
+  logz = jax.nn.logsumexp(logits, axis=-1)
+  picked = jnp.take_along_axis(logits, tokens[:, 1:, None], -1)[..., 0]
+  probs = jax.nn.softmax(logits, axis=-1)
+  entropy = logz - jnp.sum(probs * logits, axis=-1)
+  pad = jnp.zeros(tokens.shape[:1] + (1,), jnp.float32)
+  logp = jnp.concatenate([pad, picked - logz], 1) * mask
+  entropy = jnp.concatenate([pad, entropy], 1) * mask
+  return logp, entropy

@@ -1,0 +1,305 @@
+"""The decoder: embeddings, a `lax.scan` over stacked layers, the LM head.
+
+Layer weights are stacked on a leading layer axis L, so the scan compiles one
+layer whatever the depth. Every parameter carries ``logical_axes`` metadata
+(e.g. ``("layers", "embed", "heads", "head_dim")``) that `rljax.sharding`
+maps to mesh axes. Shapes: B batch, S sequence (or new tokens), D width,
+H query heads, N key/value heads, K head dim, F MLP width, V vocabulary.
+
+Padding: ``attention_mask_BS`` is 1 on real tokens and 0 on padding (prompts
+are left-padded). Padding keys are never attended to, and positions count
+real tokens only, so a padded row computes exactly what it would alone.
+"""
+
+import math
+from typing import NamedTuple, Optional
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from rljax.models._config import ModelConfig
+
+
+class KVCache(NamedTuple):
+  """Keys and values of every layer for `max_length` slots."""
+
+  k: jax.Array  # [L, B, max_length, N, K]
+  v: jax.Array  # [L, B, max_length, N, K]
+  mask: jax.Array  # [B, max_length] 1 where a slot holds a real token
+
+
+def init_cache(config: ModelConfig, batch: int, max_length: int) -> KVCache:
+  """An empty cache for `batch` rows of up to `max_length` tokens."""
+  shape = (
+    config.num_layers,
+    batch,
+    max_length,
+    config.num_kv_heads,
+    config.head_dim,
+  )
+  zeros = jnp.zeros(shape, config.dtype)
+  return KVCache(zeros, zeros, jnp.zeros((batch, max_length), jnp.int32))
+
+
+def positions_from_mask(attention_mask_BS: ArrayLike) -> jax.Array:
+  """Position of each token counting real tokens only (0 on left padding)."""
+  mask = jnp.asarray(attention_mask_BS, jnp.int32)
+  return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+
+
+def rope_frequencies(config: ModelConfig) -> jax.Array:
+  """[K/2] inverse frequencies, with Llama-3 scaling when configured."""
+  k = config.head_dim
+  inv = 1.0 / config.rope_theta ** (jnp.arange(0, k, 2, jnp.float32) / k)
+  s = config.rope_scaling
+  if s is None:
+    return inv
+  wavelen = 2 * math.pi / inv
+  low = s.original_max_position_embeddings / s.low_freq_factor
+  high = s.original_max_position_embeddings / s.high_freq_factor
+  scaled = jnp.where(wavelen > low, inv / s.factor, inv)
+  smooth = (
+    s.original_max_position_embeddings / wavelen - s.low_freq_factor
+  ) / (s.high_freq_factor - s.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  medium = (wavelen >= high) & (wavelen <= low)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(
+  x_BSHK: jax.Array, positions_BS: jax.Array, inv_freq
+) -> jax.Array:
+  """Rotate halves (the HF Llama convention, not interleaved pairs)."""
+  angles = positions_BS[..., None].astype(jnp.float32) * inv_freq  # [B, S, K/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x = x_BSHK.astype(jnp.float32)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+  return rotated.astype(x_BSHK.dtype)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) * w, normalised in float32 as HF does, cast back after."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)
+  return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def _param(rngs, shape, axes, dtype, init=None) -> nnx.Param:
+  init = init or jax.nn.initializers.normal(0.02)
+  return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
+
+
+def _ones(shape, axes, dtype) -> nnx.Param:
+  return nnx.Param(jnp.ones(shape, dtype), logical_axes=axes)
+
+
+class Layers(nnx.Module):
+  """All decoder layers' weights, stacked on a leading layer axis."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c, dt = config, config.param_dtype
+    L, D, H, N, K, F = (
+      c.num_layers,
+      c.hidden_size,
+      c.num_heads,
+      c.num_kv_heads,
+      c.head_dim,
+      c.intermediate_size,
+    )
+    self.attn_norm = _ones((L, D), ("layers", "embed"), dt)
+    self.q_proj = _param(
+      rngs, (L, D, H, K), ("layers", "embed", "heads", "head_dim"), dt
+    )
+    self.k_proj = _param(
+      rngs, (L, D, N, K), ("layers", "embed", "kv_heads", "head_dim"), dt
+    )
+    self.v_proj = _param(
+      rngs, (L, D, N, K), ("layers", "embed", "kv_heads", "head_dim"), dt
+    )
+    self.o_proj = _param(
+      rngs, (L, H, K, D), ("layers", "heads", "head_dim", "embed"), dt
+    )
+    if c.qkv_bias:
+      zeros = jax.nn.initializers.zeros
+      self.q_bias = _param(
+        rngs, (L, H, K), ("layers", "heads", "head_dim"), dt, zeros
+      )
+      self.k_bias = _param(
+        rngs, (L, N, K), ("layers", "kv_heads", "head_dim"), dt, zeros
+      )
+      self.v_bias = _param(
+        rngs, (L, N, K), ("layers", "kv_heads", "head_dim"), dt, zeros
+      )
+    if c.qk_norm:
+      self.q_norm = _ones((L, K), ("layers", "head_dim"), dt)
+      self.k_norm = _ones((L, K), ("layers", "head_dim"), dt)
+    self.mlp_norm = _ones((L, D), ("layers", "embed"), dt)
+    self.gate_proj = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
+    self.up_proj = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
+    self.down_proj = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
+
+
+def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
+  """Grouped-query attention; softmax in float32."""
+  b, s, h, k = q_BSHK.shape
+  n = k_BTNK.shape[2]
+  q = q_BSHK.reshape(b, s, n, h // n, k)
+  scores = jnp.einsum("bsngk,btnk->bngst", q, k_BTNK).astype(jnp.float32)
+  scores = scores / math.sqrt(k)
+  scores = jnp.where(
+    allowed_BST[:, None, None], scores, jnp.finfo(jnp.float32).min
+  )
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BTNK.dtype)
+  out = jnp.einsum("bngst,btnk->bsngk", probs, v_BTNK)
+  return out.reshape(b, s, h, k)
+
+
+def _layer(config, w, x, positions, inv_freq, kv, slots, allowed):
+  """One decoder layer; `kv` is this layer's (k, v) cache or None."""
+  c, dt = config, x.dtype
+  h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
+  q = jnp.einsum("bsd,dhk->bshk", h, w["q_proj"].astype(dt))
+  k = jnp.einsum("bsd,dnk->bsnk", h, w["k_proj"].astype(dt))
+  v = jnp.einsum("bsd,dnk->bsnk", h, w["v_proj"].astype(dt))
+  if c.qkv_bias:
+    q, k, v = (
+      t + w[f"{n}_bias"].astype(dt) for t, n in ((q, "q"), (k, "k"), (v, "v"))
+    )
+  if c.qk_norm:
+    q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
+    k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
+  q = apply_rope(q, positions, inv_freq)
+  k = apply_rope(k, positions, inv_freq)
+  if kv is not None:
+    start = (0, slots, 0, 0)
+    k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
+    v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
+    kv = (k, v)
+  attn = _attention(q, k.astype(dt), v.astype(dt), allowed)
+  x = x + jnp.einsum("bshk,hkd->bsd", attn, w["o_proj"].astype(dt))
+  h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
+  gate = jnp.einsum("bsd,df->bsf", h, w["gate_proj"].astype(dt))
+  up = jnp.einsum("bsd,df->bsf", h, w["up_proj"].astype(dt))
+  x = x + jnp.einsum(
+    "bsf,fd->bsd", jax.nn.silu(gate) * up, w["down_proj"].astype(dt)
+  )
+  return x, kv
+
+
+class Transformer(nnx.Module):
+  """Decoder-only LM (Llama / Qwen2 / Qwen3 families)."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    dt = config.param_dtype
+    V, D = config.vocab_size, config.hidden_size
+    self.embed = _param(rngs, (V, D), ("vocab", "embed"), dt)
+    self.layers = Layers(config, rngs=rngs)
+    self.final_norm = _ones((D,), ("embed",), dt)
+    if not config.tie_embeddings:
+      self.lm_head = _param(rngs, (D, V), ("embed", "vocab"), dt)
+
+  def unembedding(self) -> jax.Array:
+    """[D, V] output projection (the transposed embedding when tied)."""
+    if self.config.tie_embeddings:
+      return self.embed.value.T
+    return self.lm_head.value
+
+  def hidden_states(
+    self,
+    tokens_BS: ArrayLike,
+    attention_mask_BS: Optional[ArrayLike] = None,
+    *,
+    positions_BS: Optional[ArrayLike] = None,
+    cache: Optional[KVCache] = None,
+    cache_index: ArrayLike = 0,
+  ) -> tuple[jax.Array, Optional[KVCache]]:
+    """Final-norm hidden states [B, S, D] and the updated cache.
+
+    Without a cache the S tokens attend causally among themselves. With a
+    cache they are written to slots [cache_index, cache_index + S) and attend
+    to every earlier real slot.
+    """
+    c = self.config
+    tokens = jnp.asarray(tokens_BS)
+    b, s = tokens.shape
+    mask = (
+      jnp.ones((b, s), jnp.int32)
+      if attention_mask_BS is None
+      else jnp.asarray(attention_mask_BS, jnp.int32)
+    )
+    if positions_BS is None:
+      if cache is not None:
+        raise ValueError("pass positions_BS when decoding with a cache.")
+      positions_BS = positions_from_mask(mask)
+    x = self.embed.value.astype(c.dtype)[tokens]
+    if cache is None:
+      key_mask, query_slots, key_slots = mask, jnp.arange(s), jnp.arange(s)
+    else:
+      key_mask = jax.lax.dynamic_update_slice(
+        cache.mask, mask, (0, cache_index)
+      )
+      query_slots = cache_index + jnp.arange(s)
+      key_slots = jnp.arange(cache.mask.shape[1])
+    causal = key_slots[None, :] <= query_slots[:, None]  # [S, S_keys]
+    allowed = causal[None] & (key_mask[:, None, :] > 0)
+    weights = {
+      k: v.value
+      for k, v in vars(self.layers).items()
+      if isinstance(v, nnx.Param)
+    }
+    inv_freq = rope_frequencies(c)
+    positions = jnp.asarray(positions_BS)
+
+    def body(x, xs):
+      w, kv = xs
+      x, kv = _layer(c, w, x, positions, inv_freq, kv, cache_index, allowed)
+      return x, kv
+
+    kvs = None if cache is None else (cache.k, cache.v)
+    x, kvs = jax.lax.scan(body, x, (weights, kvs))
+    x = rms_norm(x, self.final_norm.value, c.rms_norm_eps)
+    if cache is not None:
+      cache = KVCache(kvs[0], kvs[1], key_mask)
+    return x, cache
+
+  def logits(self, hidden_BSD: jax.Array) -> jax.Array:
+    """float32 logits [B, S, V] from hidden states."""
+    w = self.unembedding()
+    return jnp.einsum(
+      "bsd,dv->bsv",
+      hidden_BSD,
+      w.astype(hidden_BSD.dtype),
+      preferred_element_type=jnp.float32,
+    )
+
+  def __call__(self, tokens_BS, attention_mask_BS=None, **kwargs):
+    """float32 logits [B, S, V] and the cache (see `hidden_states`)."""
+    hidden, cache = self.hidden_states(tokens_BS, attention_mask_BS, **kwargs)
+    return self.logits(hidden), cache
+
+
+class ValueModel(nnx.Module):
+  """A transformer trunk with a scalar head: one value per token (PPO)."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.trunk = Transformer(config, rngs=rngs)
+    D = config.hidden_size
+    self.head = _param(
+      rngs, (D,), ("embed",), config.param_dtype, jax.nn.initializers.zeros
+    )
+    self.bias = nnx.Param(jnp.zeros((), config.param_dtype), logical_axes=())
+
+  def __call__(self, tokens_BS, attention_mask_BS=None, **kwargs) -> jax.Array:
+    """float32 values [B, S]."""
+    hidden, _ = self.trunk.hidden_states(tokens_BS, attention_mask_BS, **kwargs)
+    values = jnp.einsum(
+      "bsd,d->bs",
+      hidden.astype(jnp.float32),
+      self.head.value.astype(jnp.float32),
+    )
+    return values + self.bias.value.astype(jnp.float32)
