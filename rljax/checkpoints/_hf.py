@@ -7,10 +7,12 @@ split out, e.g. q_proj [D, H, K]. The table below is the whole mapping.
 import json
 import os
 import pathlib
+import struct
 from typing import Any
 
 from flax import nnx
 import jax
+import ml_dtypes
 import numpy as np
 import safetensors.numpy
 
@@ -65,31 +67,70 @@ def _rope(hf: dict[str, Any]) -> tuple[float, Any]:
   )
 
 
+def _require(hf: dict[str, Any], key: str) -> Any:
+  if hf.get(key) is None:
+    raise ValueError(f"config.json is missing the required key {key!r}.")
+  return hf[key]
+
+
+def _unsupported(hf: dict[str, Any], family: str) -> None:
+  """Raise for config.json features this decoder does not implement."""
+  # Llama's and Qwen3's `attention_bias` also puts a bias on o_proj, which
+  # this decoder lacks; silently dropping it would give wrong logits.
+  features = {
+    "attention_bias": family != "qwen2" and hf.get("attention_bias"),
+    "mlp_bias": hf.get("mlp_bias"),
+    "use_sliding_window": hf.get("use_sliding_window"),
+    "hidden_act": hf.get("hidden_act", "silu") not in ("silu", "swish"),
+  }
+  for key, present in features.items():
+    if present:
+      raise ValueError(
+        f"config.json {key}={hf[key]!r} is not supported by rljax's"
+        f" {family} decoder."
+      )
+
+
 def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
-  """A `ModelConfig` from a transformers config.json dict."""
+  """A `ModelConfig` from a transformers config.json dict.
+
+  Accepts both rope styles (top-level ``rope_theta``/``rope_scaling`` and
+  transformers-5 ``rope_parameters``); missing optional keys take the
+  transformers defaults of the family. ``overrides`` (e.g. ``dtype``) are
+  passed to `ModelConfig`.
+  """
   arch = (hf.get("architectures") or [None])[0]
   if arch not in ARCHITECTURES:
     raise ValueError(
-      f"config.json architectures {hf.get('architectures')!r} is not supported; supported: {sorted(ARCHITECTURES)}."
+      f"config.json architectures {hf.get('architectures')!r} is not"
+      f" supported; supported: {sorted(ARCHITECTURES)}."
     )
   family = ARCHITECTURES[arch]
+  _unsupported(hf, family)
   theta, scaling = _rope(hf)
-  heads = hf["num_attention_heads"]
+  hidden, heads = (
+    _require(hf, "hidden_size"),
+    _require(hf, "num_attention_heads"),
+  )
+  # transformers' Qwen3Config defaults head_dim to 128, the others derive it.
+  head_dim = 128 if family == "qwen3" else hidden // heads
   return ModelConfig(
-    vocab_size=hf["vocab_size"],
-    hidden_size=hf["hidden_size"],
-    intermediate_size=hf["intermediate_size"],
-    num_layers=hf["num_hidden_layers"],
+    vocab_size=_require(hf, "vocab_size"),
+    hidden_size=hidden,
+    intermediate_size=_require(hf, "intermediate_size"),
+    num_layers=_require(hf, "num_hidden_layers"),
     num_heads=heads,
     num_kv_heads=hf.get("num_key_value_heads") or heads,
-    head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+    head_dim=hf.get("head_dim") or head_dim,
     rope_theta=theta,
     rope_scaling=scaling,
     rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
     tie_embeddings=hf.get("tie_word_embeddings", False),
-    qkv_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
+    qkv_bias=family == "qwen2",
     qk_norm=family == "qwen3",
-    max_position_embeddings=hf.get("max_position_embeddings", 2048),
+    max_position_embeddings=hf.get(
+      "max_position_embeddings", 2048 if family == "llama" else 32768
+    ),
     **overrides,
   )
 
@@ -125,56 +166,97 @@ def _to_hf(kind: str, w: np.ndarray) -> np.ndarray:
   return w
 
 
-def _get(tensors, name):
+def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The HF shape of an rljax tensor of `shape` (see `_to_hf`)."""
+  if kind in ("in_heads", "in_kv_heads"):
+    return (shape[1] * shape[2], shape[0])
+  if kind == "out_heads":
+    return (shape[2], shape[0] * shape[1])
+  if kind in ("bias_heads", "bias_kv_heads"):
+    return (shape[0] * shape[1],)
+  if kind == "linear":
+    return shape[::-1]
+  return shape
+
+
+def _get(tensors, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+  """Tensor `name` in `dtype`, checked against the HF `shape`."""
   if name not in tensors:
     raise KeyError(f"checkpoint is missing tensor {name!r}.")
-  return np.asarray(tensors[name], np.float32)
+  # Cast on the host straight to the parameter dtype: a bfloat16 model never
+  # holds a float32 copy of the checkpoint.
+  w = np.asarray(tensors[name], dtype)
+  if w.shape != tuple(shape):
+    raise ValueError(
+      f"tensor {name!r} has shape {w.shape}; the config expects {tuple(shape)}."
+    )
+  return w
+
+
+def _unused(tensors, used: set[str], tied: bool) -> None:
+  """Raise for tensors the model has no place for (e.g. an o_proj bias)."""
+  # Old checkpoints store RoPE tables; tied ones may repeat the embedding.
+  ignored = {"lm_head.weight"} if tied else set()
+  extra = sorted(
+    n
+    for n in tensors
+    if n not in used and n not in ignored and not n.endswith("inv_freq")
+  )
+  if extra:
+    raise ValueError(
+      f"checkpoint has tensors the config has no place for: {extra[:5]}"
+      f"{' ...' if len(extra) > 5 else ''} (check config.json)."
+    )
 
 
 def load_hf_tensors(model: Transformer, tensors: dict[str, np.ndarray]) -> None:
-  """Copy HF-named tensors into `model` (in place), checking every name."""
+  """Copy HF-named tensors into `model` (in place), checking every name.
+
+  Raises KeyError naming a missing tensor, and ValueError for a tensor of the
+  wrong shape or one the model has no parameter for.
+  """
   c = model.config
-  dtype = c.param_dtype
-  model.embed.value = jax.numpy.asarray(
-    _get(tensors, "model.embed_tokens.weight"), dtype
+  dtype = jax.numpy.dtype(c.param_dtype)
+  get = lambda name, shape: _get(tensors, name, shape, dtype)
+  used = {"model.embed_tokens.weight", "model.norm.weight"}
+  model.embed.set_value(
+    jax.numpy.asarray(get("model.embed_tokens.weight", model.embed.shape))
   )
-  model.final_norm.value = jax.numpy.asarray(
-    _get(tensors, "model.norm.weight"), dtype
+  model.final_norm.set_value(
+    jax.numpy.asarray(get("model.norm.weight", model.final_norm.shape))
   )
   if not c.tie_embeddings:
-    model.lm_head.value = jax.numpy.asarray(
-      _get(tensors, "lm_head.weight").T, dtype
-    )
+    used.add("lm_head.weight")
+    w = get("lm_head.weight", model.lm_head.shape[::-1])
+    model.lm_head.set_value(jax.numpy.asarray(w.T))
   for name, (hf_name, kind) in _LAYER.items():
     if not hasattr(model.layers, name):
       continue
-    stacked = np.stack(
-      [
-        _to_rljax(kind, _get(tensors, f"model.layers.{i}.{hf_name}"), c)
-        for i in range(c.num_layers)
-      ]
-    )
     param = getattr(model.layers, name)
-    if stacked.shape != param.value.shape:
-      raise ValueError(
-        f"tensor model.layers.*.{hf_name} has shape {stacked.shape[1:]} per layer; the config expects {param.value.shape[1:]}."
-      )
-    param.value = jax.numpy.asarray(stacked, dtype)
+    shape = _hf_shape(kind, param.shape[1:])
+    names = [f"model.layers.{i}.{hf_name}" for i in range(c.num_layers)]
+    used.update(names)
+    stacked = np.stack([_to_rljax(kind, get(n, shape), c) for n in names])
+    param.set_value(jax.numpy.asarray(stacked))
+  _unused(tensors, used, c.tie_embeddings)
 
 
 def hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
   """The model's weights under HF names and layouts (float32 numpy)."""
   c = model.config
   out = {
-    "model.embed_tokens.weight": np.asarray(model.embed.value, np.float32),
-    "model.norm.weight": np.asarray(model.final_norm.value, np.float32),
+    "model.embed_tokens.weight": np.asarray(model.embed[...], np.float32),
+    "model.norm.weight": np.asarray(model.final_norm[...], np.float32),
   }
   if not c.tie_embeddings:
-    out["lm_head.weight"] = np.asarray(model.lm_head.value, np.float32).T
+    # Contiguous: safetensors writes a transposed view's buffer as is.
+    out["lm_head.weight"] = np.ascontiguousarray(
+      np.asarray(model.lm_head[...], np.float32).T
+    )
   for name, (hf_name, kind) in _LAYER.items():
     if not hasattr(model.layers, name):
       continue
-    stacked = np.asarray(getattr(model.layers, name).value, np.float32)
+    stacked = np.asarray(getattr(model.layers, name)[...], np.float32)
     for i in range(c.num_layers):
       out[f"model.layers.{i}.{hf_name}"] = np.ascontiguousarray(
         _to_hf(kind, stacked[i])
@@ -183,7 +265,13 @@ def hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
 
 
 def hf_config(config: ModelConfig) -> dict[str, Any]:
-  """A transformers config.json dict (rope in both the old and new style)."""
+  """A transformers config.json dict (``rope_theta``/``rope_scaling`` style,
+  which transformers 4 and 5 both read)."""
+  if config.qk_norm and config.qkv_bias:
+    raise ValueError(
+      "no transformers architecture has qk_norm with biases on q, k and v"
+      " only (Qwen3's attention_bias also biases o_proj); cannot export."
+    )
   arch = (
     "Qwen3ForCausalLM"
     if config.qk_norm
@@ -213,15 +301,57 @@ def hf_config(config: ModelConfig) -> dict[str, Any]:
   return out
 
 
+_DTYPES = {
+  "BF16": ml_dtypes.bfloat16,
+  "F16": np.float16,
+  "F32": np.float32,
+  "F64": np.float64,
+}
+
+
+def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+  """Memory-mapped tensors of one file, bfloat16 included.
+
+  `safetensors.numpy` cannot represent bfloat16, the dtype of most
+  published checkpoints, so the (simple) format is read directly.
+  """
+  with open(path, "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+  data = np.memmap(path, np.uint8, "r", offset=8 + n)
+  out = {}
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    if info["dtype"] not in _DTYPES:
+      raise ValueError(
+        f"{path}: tensor {name!r} has dtype {info['dtype']}; supported:"
+        f" {sorted(_DTYPES)}."
+      )
+    begin, end = info["data_offsets"]
+    flat = data[begin:end].view(_DTYPES[info["dtype"]])
+    out[name] = flat.reshape(info["shape"])
+  return out
+
+
 def load_hf(
   directory: str | os.PathLike, *, rngs: nnx.Rngs | None = None, **overrides
 ) -> Transformer:
-  """A `Transformer` from a directory with config.json and *.safetensors."""
+  """A `Transformer` from a directory with config.json and *.safetensors.
+
+  Args:
+    directory: a transformers checkpoint directory (shards are merged).
+    rngs: unused: every weight comes from the files, so the model is built
+      abstractly (no random init, no compile); kept for compatibility.
+    **overrides: `ModelConfig` fields to set, e.g. ``dtype="bfloat16"``.
+  """
+  del rngs
   path = pathlib.Path(directory)
   config_path = path / "config.json"
   if not config_path.is_file():
     raise FileNotFoundError(
-      f"{config_path} not found: a Hugging Face checkpoint directory needs config.json and *.safetensors files."
+      f"{config_path} not found: a Hugging Face checkpoint directory needs"
+      " config.json and *.safetensors files."
     )
   config = config_from_hf(json.loads(config_path.read_text()), **overrides)
   files = sorted(path.glob("*.safetensors"))
@@ -229,9 +359,9 @@ def load_hf(
     raise FileNotFoundError(f"no *.safetensors files in {path}.")
   tensors = {}
   for f in files:
-    tensors.update(safetensors.numpy.load_file(f))
-  model = Transformer(config, rngs=rngs or nnx.Rngs(0))
-  load_hf_tensors(model, tensors)
+    tensors.update(_read_safetensors(f))
+  model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  load_hf_tensors(model, tensors)  # sets every parameter
   return model
 
 

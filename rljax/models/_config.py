@@ -15,6 +15,14 @@ class RopeScaling:
   high_freq_factor: float
   original_max_position_embeddings: int
 
+  def __post_init__(self):
+    checks.positive(
+      factor=self.factor,
+      low_freq_factor=self.low_freq_factor,
+      high_freq_factor=self.high_freq_factor,
+      original_max_position_embeddings=self.original_max_position_embeddings,
+    )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:

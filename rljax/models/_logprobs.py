@@ -21,8 +21,10 @@ def token_logprobs(
   """log p(token_s | tokens_<s) and the entropy of that distribution.
 
   Logits are divided by the sampling `temperature` first (verl, TRL), so the
-  log-probs are those of the distribution that sampled the tokens. Position 0
-  has no prediction and gets 0, as do padding positions.
+  log-probs are those of the distribution that sampled the tokens. A token
+  is predicted from the one before it, so position 0 and the first real
+  token of a left-padded row (whose predecessor is padding) get 0, as do
+  padding positions.
 
   Returns:
     (logp_BS, entropy_BS), float32.
@@ -41,6 +43,8 @@ def token_logprobs(
   probs = jax.nn.softmax(logits, axis=-1)
   entropy = logz - jnp.sum(probs * logits, axis=-1)
   pad = jnp.zeros(tokens.shape[:1] + (1,), jnp.float32)
-  logp = jnp.concatenate([pad, picked - logz], 1) * mask
-  entropy = jnp.concatenate([pad, entropy], 1) * mask
+  # A padding predecessor's hidden state is meaningless: mask those too.
+  predicted = jnp.concatenate([pad, mask[:, 1:] * mask[:, :-1]], 1)
+  logp = jnp.concatenate([pad, picked - logz], 1) * predicted
+  entropy = jnp.concatenate([pad, entropy], 1) * predicted
   return logp, entropy

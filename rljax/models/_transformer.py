@@ -72,7 +72,7 @@ def apply_rope(
   x_BSHK: jax.Array, positions_BS: jax.Array, inv_freq
 ) -> jax.Array:
   """Rotate halves (the HF Llama convention, not interleaved pairs)."""
-  angles = positions_BS[..., None].astype(jnp.float32) * inv_freq  # [B, S, K/2]
+  angles = positions_BS[..., None].astype(jnp.float32) * inv_freq[None, None]
   cos = jnp.cos(angles)[:, :, None, :]
   sin = jnp.sin(angles)[:, :, None, :]
   x = x_BSHK.astype(jnp.float32)
@@ -85,7 +85,11 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   """x / rms(x) * w, normalised in float32 as HF does, cast back after."""
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)
-  return weight.astype(x.dtype) * normed.astype(x.dtype)
+  # Explicit broadcast: callers may run with jax_numpy_rank_promotion="raise".
+  w = weight.astype(x.dtype).reshape(
+    (1,) * (x.ndim - weight.ndim) + weight.shape
+  )
+  return w * normed.astype(x.dtype)
 
 
 def _param(rngs, shape, axes, dtype, init=None) -> nnx.Param:
@@ -167,7 +171,8 @@ def _layer(config, w, x, positions, inv_freq, kv, slots, allowed):
   v = jnp.einsum("bsd,dnk->bsnk", h, w["v_proj"].astype(dt))
   if c.qkv_bias:
     q, k, v = (
-      t + w[f"{n}_bias"].astype(dt) for t, n in ((q, "q"), (k, "k"), (v, "v"))
+      t + w[f"{n}_bias"].astype(dt)[None, None]
+      for t, n in ((q, "q"), (k, "k"), (v, "v"))
     )
   if c.qk_norm:
     q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
@@ -206,8 +211,8 @@ class Transformer(nnx.Module):
   def unembedding(self) -> jax.Array:
     """[D, V] output projection (the transposed embedding when tied)."""
     if self.config.tie_embeddings:
-      return self.embed.value.T
-    return self.lm_head.value
+      return self.embed[...].T
+    return self.lm_head[...]
 
   def hidden_states(
     self,
@@ -236,7 +241,7 @@ class Transformer(nnx.Module):
       if cache is not None:
         raise ValueError("pass positions_BS when decoding with a cache.")
       positions_BS = positions_from_mask(mask)
-    x = self.embed.value.astype(c.dtype)[tokens]
+    x = self.embed[...].astype(c.dtype)[tokens]
     if cache is None:
       key_mask, query_slots, key_slots = mask, jnp.arange(s), jnp.arange(s)
     else:
@@ -248,7 +253,7 @@ class Transformer(nnx.Module):
     causal = key_slots[None, :] <= query_slots[:, None]  # [S, S_keys]
     allowed = causal[None] & (key_mask[:, None, :] > 0)
     weights = {
-      k: v.value
+      k: v[...]
       for k, v in vars(self.layers).items()
       if isinstance(v, nnx.Param)
     }
@@ -262,7 +267,7 @@ class Transformer(nnx.Module):
 
     kvs = None if cache is None else (cache.k, cache.v)
     x, kvs = jax.lax.scan(body, x, (weights, kvs))
-    x = rms_norm(x, self.final_norm.value, c.rms_norm_eps)
+    x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     if cache is not None:
       cache = KVCache(kvs[0], kvs[1], key_mask)
     return x, cache
@@ -300,6 +305,6 @@ class ValueModel(nnx.Module):
     values = jnp.einsum(
       "bsd,d->bs",
       hidden.astype(jnp.float32),
-      self.head.value.astype(jnp.float32),
+      self.head[...].astype(jnp.float32),
     )
-    return values + self.bias.value.astype(jnp.float32)
+    return values + self.bias[...].astype(jnp.float32)
