@@ -1,11 +1,13 @@
 """Checkpoint import/export: Hugging Face safetensors and llama.cpp GGUF."""
 
+from rljax.checkpoints._gguf import load_gguf
 from rljax.checkpoints._gguf import read_gguf
 from rljax.checkpoints._hf import config_from_hf
 from rljax.checkpoints._hf import hf_config
 from rljax.checkpoints._hf import hf_tensors
 from rljax.checkpoints._hf import load_hf
 from rljax.checkpoints._hf import load_hf_tensors
+from rljax.checkpoints._hf import model_from_tensors
 from rljax.checkpoints._hf import save_hf
 
 __all__ = [
@@ -13,7 +15,9 @@ __all__ = [
   "hf_config",
   "hf_tensors",
   "load_hf",
+  "load_gguf",
   "load_hf_tensors",
+  "model_from_tensors",
   "read_gguf",
   "save_hf",
 ]

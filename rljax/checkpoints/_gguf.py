@@ -15,6 +15,10 @@ from typing import Any, NamedTuple
 import gguf
 import numpy as np
 
+from rljax.checkpoints._hf import config_from_hf
+from rljax.checkpoints._hf import model_from_tensors
+from rljax.models._transformer import Transformer
+
 # general.architecture -> (HF model_type, HF architectures entry).
 _ARCHITECTURES = {
   "llama": ("llama", "LlamaForCausalLM"),
@@ -189,3 +193,15 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
   """Inverts llama.cpp's per-head RoPE row permutation (interleaved -> halves)."""
   head = w.reshape(num_heads, w.shape[0] // num_heads // 2, 2, *w.shape[1:])
   return head.swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: str | os.PathLike, **overrides) -> Transformer:
+  """A `Transformer` from a llama/qwen2/qwen3 GGUF file (see `read_gguf`).
+
+  Args:
+    path: the ``.gguf`` file; quantized tensors are dequantized to float32.
+    **overrides: `ModelConfig` fields to set, e.g. ``dtype="bfloat16"``.
+  """
+  checkpoint = read_gguf(path)
+  config = config_from_hf(checkpoint.config, **overrides)
+  return model_from_tensors(config, checkpoint.tensors)

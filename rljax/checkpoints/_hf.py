@@ -360,6 +360,17 @@ def load_hf(
   tensors = {}
   for f in files:
     tensors.update(_read_safetensors(f))
+  return model_from_tensors(config, tensors)
+
+
+def model_from_tensors(
+  config: ModelConfig, tensors: dict[str, np.ndarray]
+) -> Transformer:
+  """A `Transformer` whose every weight comes from HF-named `tensors`.
+
+  The model is built abstractly (no random init, nothing compiled), then
+  filled by `load_hf_tensors`, which checks every name and shape.
+  """
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   load_hf_tensors(model, tensors)  # sets every parameter
   return model
