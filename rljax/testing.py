@@ -1,8 +1,15 @@
-"""Synthetic batches for tests, notebooks and benchmarks of new algorithms."""
+"""Synthetic batches and models for tests, notebooks and benchmarks."""
 
+import functools
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rljax._src.base import Batch
+from rljax.models._config import ModelConfig
+from rljax.models._transformer import Transformer
 
 
 def random_batch(
@@ -47,3 +54,40 @@ def perturbed_logp(batch: Batch, seed: int = 1, scale: float = 0.3):
   return (np.asarray(batch.old_logp_PGT, np.float64) + noise).astype(
     np.asarray(batch.old_logp_PGT).dtype
   )
+
+
+def random_model(
+  config: ModelConfig, *, seed: int = 0, cls=Transformer, scale: float = 0.3
+):
+  """A `cls(config)` with N(0, scale) weights and norm weights around 1.
+
+  Built abstractly and filled from numpy, so no per-parameter init program
+  is compiled (random init compiles one per shape: seconds on CPU). The
+  large scale makes every parameter matter in a parity test.
+  """
+  model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+  rng = np.random.default_rng(seed)
+  for path, node in nnx.iter_graph(model):
+    if isinstance(node, nnx.Param):
+      shift = 1.0 if "norm" in str(path[-1]) else 0.0
+      value = shift + scale * rng.standard_normal(node.shape)
+      node.set_value(jnp.asarray(value.astype(jnp.dtype(node.dtype))))
+  return model
+
+
+def jit_model_fn(fn):
+  """jax.jit of ``fn(model, *args)`` at XLA optimisation level 0.
+
+  Tiny test programs compile several times faster that way on CPU; the
+  model is split so that its structure is static and its weights traced.
+  """
+
+  @functools.partial(
+    jax.jit,
+    static_argnums=0,
+    compiler_options={"xla_backend_optimization_level": 0},
+  )
+  def run(graphdef, state, *args):
+    return fn(nnx.merge(graphdef, state), *args)
+
+  return lambda model, *args: run(*nnx.split(model), *args)

@@ -163,7 +163,7 @@ def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
 
 
 def _layer(config, w, x, positions, inv_freq, kv, slots, allowed):
-  """One decoder layer; `kv` is this layer's (k, v) cache or None."""
+  """One decoder layer; `kv` is (layer index, all layers' k, v) or None."""
   c, dt = config, x.dtype
   h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
   q = jnp.einsum("bsd,dhk->bshk", h, w["q_proj"].astype(dt))
@@ -180,10 +180,20 @@ def _layer(config, w, x, positions, inv_freq, kv, slots, allowed):
   q = apply_rope(q, positions, inv_freq)
   k = apply_rope(k, positions, inv_freq)
   if kv is not None:
-    start = (0, slots, 0, 0)
-    k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
-    v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
-    kv = (k, v)
+    # Write this layer's new slots into the whole [L, ...] cache, in place,
+    # then read the layer back: as a loop carry XLA updates the buffer
+    # without copying it (as scan xs/ys it copied every layer every step).
+    i, k_all, v_all = kv
+    start = (i, 0, slots, 0, 0)
+    k_all = jax.lax.dynamic_update_slice(
+      k_all, k.astype(k_all.dtype)[None], start
+    )
+    v_all = jax.lax.dynamic_update_slice(
+      v_all, v.astype(v_all.dtype)[None], start
+    )
+    k = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
+    v = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
+    kv = (k_all, v_all)
   attn = _attention(q, k.astype(dt), v.astype(dt), allowed)
   x = x + jnp.einsum("bshk,hkd->bsd", attn, w["o_proj"].astype(dt))
   h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
@@ -193,6 +203,18 @@ def _layer(config, w, x, positions, inv_freq, kv, slots, allowed):
     "bsf,fd->bsd", jax.nn.silu(gate) * up, w["down_proj"].astype(dt)
   )
   return x, kv
+
+
+def _check_auto_mesh(tokens: jax.Array) -> None:
+  """Explicit-axis meshes would need an out_sharding on every einsum."""
+  mesh = jax.typeof(tokens).sharding.mesh
+  if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+    raise ValueError(
+      "tokens are sharded over a mesh with AxisType.Explicit axes; rljax"
+      " models run under Auto axes (XLA places the activations). Build the"
+      " mesh with rljax.sharding.make_mesh, or jax.make_mesh(...,"
+      " axis_types=(AxisType.Auto,) * n)."
+    )
 
 
 class Transformer(nnx.Module):
@@ -231,6 +253,7 @@ class Transformer(nnx.Module):
     """
     c = self.config
     tokens = jnp.asarray(tokens_BS)
+    _check_auto_mesh(tokens)
     b, s = tokens.shape
     mask = (
       jnp.ones((b, s), jnp.int32)
@@ -260,13 +283,16 @@ class Transformer(nnx.Module):
     inv_freq = rope_frequencies(c)
     positions = jnp.asarray(positions_BS)
 
-    def body(x, xs):
-      w, kv = xs
-      x, kv = _layer(c, w, x, positions, inv_freq, kv, cache_index, allowed)
-      return x, kv
+    def body(carry, xs):
+      x, kvs = carry
+      w, i = xs
+      kv = None if kvs is None else (i, *kvs)
+      x, kvs = _layer(c, w, x, positions, inv_freq, kv, cache_index, allowed)
+      return (x, kvs), None
 
     kvs = None if cache is None else (cache.k, cache.v)
-    x, kvs = jax.lax.scan(body, x, (weights, kvs))
+    layer_ids = jnp.arange(c.num_layers)
+    (x, kvs), _ = jax.lax.scan(body, (x, kvs), (weights, layer_ids))
     x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     if cache is not None:
       cache = KVCache(kvs[0], kvs[1], key_mask)

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax import testing
 from rljax.models import ModelConfig
-from rljax.models import Transformer
 from rljax.models import token_logprobs
 
 _CONFIG = ModelConfig(
@@ -26,18 +26,6 @@ _CONFIG = ModelConfig(
 )
 
 
-def _model(config=_CONFIG, seed=0, scale=0.3):
-  """Random weights (norms around 1), filled from numpy: no per-op compiles."""
-  model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-  rng = np.random.default_rng(seed)
-  for path, node in nnx.iter_graph(model):
-    if isinstance(node, nnx.Param):
-      shift = 1.0 if "norm" in str(path[-1]) else 0.0
-      value = shift + scale * rng.standard_normal(node.shape)
-      node.set_value(jnp.asarray(value.astype(jnp.dtype(node.dtype))))
-  return model
-
-
 def _batch(seed=0):
   # Row 0 unpadded, row 1 left-padded by 2, row 2 left-padded by 4 and
   # right-padded by 1 (a finished completion).
@@ -50,19 +38,11 @@ def _batch(seed=0):
   return jnp.asarray(tokens * mask, jnp.int32), jnp.asarray(mask)
 
 
-def _jit(fn):
-  """jax.jit of fn(model, *args) at XLA optimisation level 0: these tiny
-  programs then compile several times faster on CPU."""
+_jit = testing.jit_model_fn
 
-  @functools.partial(
-    jax.jit,
-    static_argnums=0,
-    compiler_options={"xla_backend_optimization_level": 0},
-  )
-  def run(graphdef, state, *args):
-    return fn(nnx.merge(graphdef, state), *args)
 
-  return lambda model, *args: run(*nnx.split(model), *args)
+def _model(config=_CONFIG, **kw):
+  return testing.random_model(config, **kw)
 
 
 _forward = _jit(lambda m, t, am: m(t, am)[0])

@@ -1,13 +1,12 @@
 """The decoder: KV-cache decoding, padding, bfloat16, scan over layers."""
 
-import functools
-
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax import testing
 from rljax.models import ModelConfig
 from rljax.models import Transformer
 from rljax.models import ValueModel
@@ -32,33 +31,11 @@ def _config(**kw):
   return ModelConfig(**(base | kw))
 
 
-def _model(config=None, seed=0, cls=Transformer, scale=0.3):
-  """A model with large random weights (norms around 1) so every parameter
-  matters; built abstractly and filled from numpy to skip per-op compiles."""
-  config = config or _config()
-  model = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
-  rng = np.random.default_rng(seed)
-  for path, node in nnx.iter_graph(model):
-    if isinstance(node, nnx.Param):
-      shift = 1.0 if "norm" in str(path[-1]) else 0.0
-      value = shift + scale * rng.standard_normal(node.shape)
-      node.set_value(jnp.asarray(value.astype(jnp.dtype(node.dtype))))
-  return model
+_jit = testing.jit_model_fn
 
 
-def _jit(fn):
-  """jax.jit of fn(model, *args) at XLA optimisation level 0: these tiny
-  programs then compile several times faster on CPU."""
-
-  @functools.partial(
-    jax.jit,
-    static_argnums=0,
-    compiler_options={"xla_backend_optimization_level": 0},
-  )
-  def run(graphdef, state, *args):
-    return fn(nnx.merge(graphdef, state), *args)
-
-  return lambda model, *args: run(*nnx.split(model), *args)
+def _model(config=None, **kw):
+  return testing.random_model(config or _config(), **kw)
 
 
 _forward = _jit(lambda model, tokens, mask: model(tokens, mask)[0])
