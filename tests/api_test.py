@@ -12,11 +12,16 @@ NAMESPACES = [
   "rljax.advantages",
   "rljax.aggregate",
   "rljax.algorithms",
+  "rljax.checkpoints",
   "rljax.filters",
   "rljax.losses",
   "rljax.masks",
+  "rljax.models",
   "rljax.objectives",
+  "rljax.sampling",
   "rljax.shaping",
+  "rljax.sharding",
+  "rljax.tokenizers",
   "rljax.transforms",
 ]
 
