@@ -40,9 +40,13 @@ PARAGRAPH = (
 )
 
 # User turns of different lengths: left padding differs from row to row.
+# Their greedy continuations have no near-tie within 24 tokens (smallest
+# top-2 logit gap 0.24); "Write one sentence about the sea." was dropped:
+# it has a gap of 0.0015 at new token 19, which rljax matched here but which
+# a 1e-4 logit difference on another CPU could flip.
 QUESTIONS = (
   "What is 2 + 3?",
-  "Write one sentence about the sea.",
+  "Describe the sea in one sentence.",
   "Name the three primary colours of paint, say in one short sentence why"
   " they are called primary, and give one colour you can mix from two of"
   " them.",
