@@ -125,6 +125,32 @@ class HuggingFaceBackend:
     self.tok.save(os.path.join(directory, HF_FILE))
 
 
+class CharacterBackend(HuggingFaceBackend):
+  """A character vocabulary that rejects characters it does not have."""
+
+  def __init__(self, tok: tokenizers.Tokenizer, *, alphabet: str):
+    super().__init__(tok)
+    self.alphabet = frozenset(alphabet)
+
+  def _check(self, text: str) -> None:
+    unknown = sorted(set(text) - self.alphabet)
+    if unknown:
+      raise ValueError(
+        f"text {text!r} has characters {unknown} outside the tokenizer's"
+        " alphabet; build it with Tokenizer.from_characters(alphabet) from"
+        " every character the task uses."
+      )
+
+  def encode(self, text: str) -> list[int]:
+    self._check(text)
+    return super().encode(text)
+
+  def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+    for text in texts:
+      self._check(text)
+    return super().encode_many(texts)
+
+
 def find_file(path: str | os.PathLike, filename: str) -> str:
   """`path` itself if it is a file, else `path/filename`; or a clear error."""
   path = os.fspath(path)

@@ -133,6 +133,32 @@ class Tokenizer:
       source=json_file,
     )
 
+  @classmethod
+  def from_characters(
+    cls, alphabet: str, *, pad: str = "<pad>", eos: str = "<eos>"
+  ) -> "Tokenizer":
+    """One token per character of `alphabet`, plus pad (id 0) and EOS (id 1).
+
+    For small models trained from scratch on a task with a known alphabet
+    (`rljax.tasks.arithmetic` prompts like "23+45="). A character outside
+    the alphabet raises ValueError in `encode`. EOS is the stop id.
+    """
+    chars = sorted(set(alphabet))
+    if not chars:
+      raise ValueError("alphabet must contain at least one character.")
+    vocab = {pad: 0, eos: 1} | {c: i + 2 for i, c in enumerate(chars)}
+    tok = tokenizers.Tokenizer(
+      tokenizers.models.WordLevel(vocab, unk_token=pad)
+    )
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
+    tok.decoder = tokenizers.decoders.Fuse()
+    tok.add_special_tokens([pad, eos])
+    return cls(
+      _backends.CharacterBackend(tok, alphabet="".join(chars)),
+      special_tokens={"pad_token": pad, "eos_token": eos},
+      source=f"characters {''.join(chars)!r}",
+    )
+
   @property
   def vocab_size(self) -> int:
     """Number of ids, added tokens included."""
