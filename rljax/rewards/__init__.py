@@ -1,0 +1,43 @@
+"""Verifiable rewards on decoded completions (host-side Python, not jitted).
+
+A reward function maps `Samples` (N = P*G decoded completions in prompt-major
+order, their token counts, truncation flags and each prompt's task metadata)
+to a `RewardResult` (float32 values [N], and which samples had a parseable
+answer). `score` runs K of them with weights and returns the [N, K] values,
+the weighted total [N] and metrics ("reward/<name>", "unparseable/<name>").
+
+Built-ins: `exact_answer` (numeric or string match of an extracted answer),
+`math_answer` (math-verify), `answer_format` (regex), `length_penalty`
+(DAPO's soft overlong penalty in tokens); `extract_answer` is the extractor
+they share.
+"""
+
+from rljax.rewards._answers import EXTRACT_MODES
+from rljax.rewards._answers import exact_answer
+from rljax.rewards._answers import extract_answer
+from rljax.rewards._answers import math_answer
+from rljax.rewards._base import RewardFn
+from rljax.rewards._base import RewardResult
+from rljax.rewards._base import RewardSpec
+from rljax.rewards._base import Samples
+from rljax.rewards._base import Scores
+from rljax.rewards._base import score
+from rljax.rewards._format import THINK_ANSWER
+from rljax.rewards._format import answer_format
+from rljax.rewards._format import length_penalty
+
+__all__ = [
+  "EXTRACT_MODES",
+  "THINK_ANSWER",
+  "RewardFn",
+  "RewardResult",
+  "RewardSpec",
+  "Samples",
+  "Scores",
+  "answer_format",
+  "exact_answer",
+  "extract_answer",
+  "length_penalty",
+  "math_answer",
+  "score",
+]
