@@ -9,6 +9,11 @@ Layers, from pure maths to named algorithms:
   advantages, losses, masks, shaping, filters, aggregate  (array functions)
   transforms (batch stages), objectives (loss stages)     (rljax.Transform)
   algorithms (presets: grpo, dapo, sapo, ppo, ...)        (rljax.Algorithm)
+
+Around them (import them by name, e.g. ``from rljax import models``):
+  models, checkpoints, tokenizers, sampling, sharding      (the policy)
+  rewards, tasks                                           (what it learns)
+  training, checkpointing, monitoring                      (the RL loop)
 """
 
 from rljax import advantages
