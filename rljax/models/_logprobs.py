@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+import pallas_kernels
 from rljax._src import checks
 from rljax.models._transformer import Transformer
 
@@ -17,6 +18,7 @@ def token_logprobs(
   attention_mask_BS: Optional[ArrayLike] = None,
   *,
   temperature: float = 1.0,
+  schedule: str = "auto",
 ) -> tuple[jax.Array, jax.Array]:
   """log p(token_s | tokens_<s) and the entropy of that distribution.
 
@@ -26,10 +28,20 @@ def token_logprobs(
   token of a left-padded row (whose predecessor is padding) get 0, as do
   padding positions.
 
+  By default the vocabulary projection runs in `pallas_kernels.token_logprob`
+  (``schedule="auto"``: the Pallas kernel on TPU and GPU, the chunked XLA
+  schedule on CPU), which never holds the [B, S, V] logits, forward or
+  backward. ``schedule="dense"`` materialises them (the reference path).
+
   Returns:
     (logp_BS, entropy_BS), float32.
   """
   checks.positive(temperature=temperature)
+  if schedule not in pallas_kernels.SCHEDULES:
+    raise ValueError(
+      f"schedule must be one of {sorted(pallas_kernels.SCHEDULES)}; got"
+      f" {schedule!r}."
+    )
   tokens = jnp.asarray(tokens_BS)
   mask = (
     jnp.ones(tokens.shape, jnp.float32)
@@ -37,14 +49,30 @@ def token_logprobs(
     else jnp.asarray(attention_mask_BS, jnp.float32)
   )
   hidden, _ = model.hidden_states(tokens, mask)
-  logits = model.logits(hidden[:, :-1]) / temperature
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, tokens[:, 1:, None], -1)[..., 0]
-  probs = jax.nn.softmax(logits, axis=-1)
-  entropy = logz - jnp.sum(probs * logits, axis=-1)
+  if schedule == "dense":
+    logp, entropy = _dense(model, hidden[:, :-1], tokens[:, 1:], temperature)
+  else:
+    unembed = model.unembedding().astype(hidden.dtype)
+    logp, entropy = pallas_kernels.token_logprob(
+      hidden[:, :-1],
+      unembed,
+      tokens[:, 1:],
+      temperature=temperature,
+      schedule=schedule,
+    )
   pad = jnp.zeros(tokens.shape[:1] + (1,), jnp.float32)
   # A padding predecessor's hidden state is meaningless: mask those too.
   predicted = jnp.concatenate([pad, mask[:, 1:] * mask[:, :-1]], 1)
-  logp = jnp.concatenate([pad, picked - logz], 1) * predicted
+  logp = jnp.concatenate([pad, logp], 1) * predicted
   entropy = jnp.concatenate([pad, entropy], 1) * predicted
   return logp, entropy
+
+
+def _dense(model, hidden_BSD, targets_BS, temperature):
+  """The reference path: full float32 logits [B, S, V]."""
+  logits = model.logits(hidden_BSD) / temperature
+  logz = jax.nn.logsumexp(logits, axis=-1)
+  picked = jnp.take_along_axis(logits, targets_BS[..., None], -1)[..., 0]
+  probs = jax.nn.softmax(logits, axis=-1)
+  entropy = logz - jnp.sum(probs * logits, axis=-1)
+  return picked - logz, entropy

@@ -1,0 +1,10 @@
+"""Dr.GRPO on 2-digit addition (see _arithmetic.py).
+
+python -m rljax.training --config configs/dr_grpo.py [train.steps=100 ...]
+"""
+
+from _arithmetic import base
+
+
+def get_config():
+  return base("dr_grpo")

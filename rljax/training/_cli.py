@@ -1,0 +1,76 @@
+"""``python -m rljax.training --config configs/grpo.py [key=value ...]``."""
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+
+from rljax.training._config import RunConfig
+from rljax.training._config import override
+
+
+def load_config(path: str) -> RunConfig:
+  """`get_config()` of a Python config file (its folder joins sys.path, so
+  configs can share a base module)."""
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise FileNotFoundError(
+      f"config file {path!r} not found; see configs/ for examples."
+    )
+  sys.path.insert(0, str(file.parent.resolve()))
+  spec = importlib.util.spec_from_file_location(f"_config_{file.stem}", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ValueError(f"{path} must define get_config() -> RunConfig.")
+  config = module.get_config()
+  if not isinstance(config, RunConfig):
+    raise ValueError(
+      f"{path}: get_config() returned {type(config).__name__}, not RunConfig."
+    )
+  return config
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    prog="python -m rljax.training",
+    description="Train a policy with RL from a config file.",
+  )
+  parser.add_argument("--config", required=True, help="configs/<name>.py")
+  parser.add_argument(
+    "overrides",
+    nargs="*",
+    help="section.field=value, e.g. train.steps=20 algorithm.kwargs.kl_coef=0.01",
+  )
+  parser.add_argument(
+    "--dry_run",
+    action="store_true",
+    help="compile and run one step at the full shapes; report memory",
+  )
+  parser.add_argument(
+    "--fresh", action="store_true", help="ignore existing checkpoints"
+  )
+  return parser
+
+
+def main(argv=None) -> int:
+  """Entry point; returns the process exit code."""
+  args = _parser().parse_args(argv)
+  config = override(load_config(args.config), args.overrides)
+  # Imported here so that --help works without initialising JAX.
+  from rljax.training._trainer import Trainer
+
+  trainer = Trainer(config, resume=not args.fresh)
+  if args.dry_run:
+    print(json.dumps(trainer.dry_run(), indent=2))
+    return 0
+  summary = trainer.run()
+  print(
+    "eval accuracy: before"
+    f" {summary['before']['eval_accuracy']:.3f}, after"
+    f" {summary['after']['eval_accuracy']:.3f}"
+  )
+  if summary["plot"]:
+    print(f"learning curves: {summary['plot']}")
+  return 0

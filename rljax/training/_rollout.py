@@ -1,0 +1,131 @@
+"""From prompts to a scored rollout: tokenize, sample, decode, reward.
+
+Host-side glue around the jitted sampler. A group's G samples share their
+prompt's example dict as reward metadata.
+"""
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from rljax import rewards as rewards_lib
+from rljax import sampling
+from rljax.sampling import Rollout
+from rljax.tokenizers import Tokenizer
+from rljax.training._step import Sequences
+
+
+class Scored(NamedTuple):
+  """A rollout with its decoded completions and rewards."""
+
+  rollout: Rollout
+  examples: list[dict]  # P task examples
+  prompts: list[str]  # P prompt texts
+  completions: list[str]  # P * G completion texts, prompt-major
+  scores: Any  # rljax.rewards.Scores over the P * G samples
+  rewards_PG: np.ndarray  # the weighted total, float32
+
+
+def encode_prompts(
+  tokenizer: Tokenizer,
+  texts: Sequence[str],
+  width: int,
+  *,
+  chat: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded [P, width] prompt ids and mask (chat-templated if asked)."""
+  if chat:
+    texts = [
+      tokenizer.apply_chat_template([{"role": "user", "content": t}])
+      for t in texts
+    ]
+  return tokenizer.encode_batch(
+    list(texts), max_length=width, add_bos=None if not chat else False
+  )
+
+
+def sample_and_score(
+  model,
+  tokenizer: Tokenizer,
+  task,
+  examples: Sequence[dict],
+  *,
+  key: jax.Array,
+  prompt_width: int,
+  chat: bool,
+  **sampler_kwargs,
+) -> Scored:
+  """Sample G completions per example and score them with the task."""
+  prompts = [task.format_prompt(e) for e in examples]
+  tokens, mask = encode_prompts(tokenizer, prompts, prompt_width, chat=chat)
+  rollout = sampling.generate(
+    model,
+    tokens,
+    mask,
+    key=key,
+    stop_ids=tokenizer.stop_ids,
+    **sampler_kwargs,
+  )
+  p, g, t = rollout.tokens_PGT.shape
+  tokens_NT = np.asarray(rollout.tokens_PGT).reshape(p * g, t)
+  mask_NT = np.asarray(rollout.mask_PGT).reshape(p * g, t)
+  completions = tokenizer.decode_batch(tokens_NT, mask=mask_NT)
+  samples = rewards_lib.Samples(
+    texts=completions,
+    num_tokens=mask_NT.sum(-1),
+    truncated=np.asarray(rollout.truncated_PG).reshape(-1),
+    metadata=[e for e in examples for _ in range(g)],
+  )
+  scores = rewards_lib.score(samples, task.rewards)
+  return Scored(
+    rollout=rollout,
+    examples=list(examples),
+    prompts=prompts,
+    completions=completions,
+    scores=scores,
+    rewards_PG=np.asarray(scores.total_N, np.float32).reshape(p, g),
+  )
+
+
+def sequences(rollout: Rollout) -> Sequences:
+  """Prompt + completion as one [P, G, S + T] sequence per sample."""
+  return Sequences(
+    tokens_PGL=np.concatenate(
+      [np.asarray(rollout.prompt_tokens_PGS), np.asarray(rollout.tokens_PGT)],
+      -1,
+    ),
+    mask_PGL=np.concatenate(
+      [np.asarray(rollout.prompt_mask_PGS), np.asarray(rollout.mask_PGT)], -1
+    ),
+  )
+
+
+def take_groups(scored: Sequence[Scored], order: np.ndarray) -> Scored:
+  """Groups of several rollouts, concatenated, then picked by `order`."""
+  cat = lambda xs: np.concatenate([np.asarray(x) for x in xs])  # noqa: E731
+  rollout = Rollout(
+    *(
+      cat([getattr(s.rollout, f) for s in scored])[order]
+      for f in Rollout._fields
+    )
+  )
+  g = scored[0].rewards_PG.shape[1]
+  examples = [e for s in scored for e in s.examples]
+  prompts = [p for s in scored for p in s.prompts]
+  completions = [c for s in scored for c in s.completions]
+  values = cat([s.scores.values_NK for s in scored])
+  sample_order = (order[:, None] * g + np.arange(g)[None]).reshape(-1)
+  scores = scored[0].scores._replace(
+    values_NK=values[sample_order],
+    total_N=cat([s.scores.total_N for s in scored])[sample_order],
+  )
+  return Scored(
+    rollout=rollout,
+    examples=[examples[i] for i in order],
+    prompts=[prompts[i] for i in order],
+    completions=[completions[i] for i in sample_order],
+    scores=scores,
+    rewards_PG=cat([s.rewards_PG for s in scored])[order],
+  )

@@ -1,0 +1,257 @@
+"""Train states and the jitted update on one prepared rollout batch.
+
+States are plain pytrees: the model structure (`nnx.GraphDef`) stays outside,
+so a state can be sharded, checkpointed and passed through `jax.jit`.
+Sequences are prompt + completion, [P, G, L] with L = S + T; the loss reads
+the last T positions.
+
+One update makes ``epochs x minibatches`` optimizer steps over the batch.
+Each minibatch may be split into ``microbatches`` whose gradients add up to
+exactly the minibatch's: the loss is a `Mean(num, den)`, the denominator does
+not depend on the parameters, so the gradient of the whole is
+sum(grad num) / sum(den).
+"""
+
+from typing import Any, NamedTuple, Optional
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import optax
+
+from rljax import objectives
+from rljax._src.base import Algorithm
+from rljax._src.base import Batch
+from rljax._src.base import Mean
+from rljax.models import token_logprobs
+
+
+class PolicyState(NamedTuple):
+  """The trained policy: weights, optimizer and algorithm states, step."""
+
+  params: Any  # nnx.State of the policy
+  opt_state: Any
+  algo_state: Any
+  step: jax.Array  # int32: optimizer steps taken
+
+
+class ValueState(NamedTuple):
+  """The PPO critic: weights and optimizer state."""
+
+  params: Any
+  opt_state: Any
+
+
+class TrainState(NamedTuple):
+  """Policy, frozen reference (None when no KL uses it) and value states."""
+
+  policy: PolicyState
+  reference: Any = None
+  value: Optional[ValueState] = None
+
+
+class Sequences(NamedTuple):
+  """Prompt + completion tokens of every sample, [P, G, L] int32."""
+
+  tokens_PGL: jax.Array
+  mask_PGL: jax.Array
+
+
+class Models(NamedTuple):
+  """Static structure: graph definitions and optimizers (hashable)."""
+
+  policy: nnx.GraphDef
+  value: Optional[nnx.GraphDef]
+  optimizer: optax.GradientTransformation
+  value_optimizer: Optional[optax.GradientTransformation]
+
+
+def completion_logprobs(
+  model, seqs: Sequences, width: int, *, temperature, schedule="auto"
+):
+  """(logp_PGT, entropy_PGT) of the last `width` tokens of each sequence."""
+  p, g, length = seqs.tokens_PGL.shape
+  flat = lambda x: x.reshape(p * g, length)  # noqa: E731
+  logp, entropy = token_logprobs(
+    model,
+    flat(seqs.tokens_PGL),
+    flat(seqs.mask_PGL),
+    temperature=temperature,
+    schedule=schedule,
+  )
+  back = lambda x: x[:, length - width :].reshape(p, g, width)  # noqa: E731
+  return back(logp), back(entropy)
+
+
+def completion_values(value_model, seqs: Sequences, width: int) -> jax.Array:
+  """[P, G, T] V(state before token t): the value at token t's predictor."""
+  p, g, length = seqs.tokens_PGL.shape
+  values = value_model(
+    seqs.tokens_PGL.reshape(p * g, length), seqs.mask_PGL.reshape(p * g, length)
+  )
+  values = values[:, length - width - 1 : length - 1]
+  return values.reshape(p, g, width)
+
+
+def _rows(tree, start, size):
+  """Rows [start, start + size) of the leading P axis of every leaf."""
+  return jax.tree.map(
+    lambda x: jax.lax.dynamic_slice_in_dim(x, start, size, axis=0), tree
+  )
+
+
+def _add(a, b):
+  return jax.tree.map(jnp.add, a, b)
+
+
+def _scale(grads, den):
+  """grad(num) / den, or grad(num) when den is 0 (a token-sum loss)."""
+  inv = jnp.where(den == 0, 1.0, 1.0 / jnp.where(den == 0, 1.0, den))
+  return jax.tree.map(lambda g: (g * inv).astype(g.dtype), grads)
+
+
+class UpdateSpec(NamedTuple):
+  """Static settings of `update` (hashable: one compile per value)."""
+
+  completion_width: int
+  epochs: int = 1
+  minibatches: int = 1
+  microbatches: int = 1
+  temperature: float = 1.0
+  schedule: str = "auto"
+  value_eps: Optional[float] = 0.2
+
+
+def _policy_grads(
+  models, algorithm, spec, params, algo_state, seqs, batch, key
+):
+  """Summed num-gradients, the Mean loss and metrics over micro-batches."""
+  rows = batch.mask_PGT.shape[0] // spec.microbatches
+
+  def micro(i):
+    mb_seqs, mb_batch = _rows((seqs, batch), i * rows, rows)
+
+    def num(params):
+      model = nnx.merge(models.policy, params)
+      logp, entropy = completion_logprobs(
+        model,
+        mb_seqs,
+        spec.completion_width,
+        temperature=spec.temperature,
+        schedule=spec.schedule,
+      )
+      loss, metrics = algorithm.loss(
+        logp,
+        mb_batch,
+        algo_state,
+        entropy_PGT=entropy,
+        key=jax.random.fold_in(key, i),
+      )
+      return loss.num, (loss.den, metrics)
+
+    grads, (den, metrics) = jax.grad(num, has_aux=True)(params)
+    return grads, den, metrics
+
+  def body(carry, i):
+    return _add(carry, micro(i)), None
+
+  first = micro(0)
+  if spec.microbatches == 1:
+    return first
+  total, _ = jax.lax.scan(body, first, jnp.arange(1, spec.microbatches))
+  return total
+
+
+def _value_grads(models, spec, params, seqs, batch):
+  """Gradient of the critic's clipped value loss (a Mean) and its metrics."""
+
+  def loss(params):
+    values = completion_values(
+      nnx.merge(models.value, params), seqs, spec.completion_width
+    )
+    value_loss, metrics = objectives.value_loss(
+      values, batch, eps=spec.value_eps
+    )
+    return value_loss.value, metrics
+
+  return jax.grad(loss, has_aux=True)(params)
+
+
+def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
+  """One optimizer step (policy, and critic if any) on one minibatch."""
+  policy = state.policy
+  grads, den, metrics = _policy_grads(
+    models,
+    algorithm,
+    spec,
+    policy.params,
+    policy.algo_state,
+    seqs,
+    batch,
+    key,
+  )
+  grads = _scale(grads, den)
+  metrics = dict(metrics, grad_norm=Mean(optax.tree.norm(grads), 1.0))
+  updates, opt_state = models.optimizer.update(
+    grads, policy.opt_state, policy.params
+  )
+  policy = policy._replace(
+    params=optax.apply_updates(policy.params, updates),
+    opt_state=opt_state,
+    step=policy.step + 1,
+  )
+  value = state.value
+  if value is not None:
+    v_grads, v_metrics = _value_grads(models, spec, value.params, seqs, batch)
+    v_updates, v_opt = models.value_optimizer.update(
+      v_grads, value.opt_state, value.params
+    )
+    value = ValueState(optax.apply_updates(value.params, v_updates), v_opt)
+    metrics.update(v_metrics)
+  return state._replace(policy=policy, value=value), metrics
+
+
+def update(
+  models: Models,
+  algorithm: Algorithm,
+  spec: UpdateSpec,
+  state: TrainState,
+  seqs: Sequences,
+  batch: Batch,
+  key: jax.Array,
+) -> tuple[TrainState, dict[str, Mean]]:
+  """``epochs x minibatches`` optimizer steps on a prepared batch.
+
+  Minibatches are consecutive blocks of prompt groups, in the same order
+  every epoch. Metrics are `Mean`s summed over every step, so their value is
+  the mean over all the update's tokens (or sequences).
+  """
+  rows = batch.mask_PGT.shape[0] // spec.minibatches
+
+  def body(state, i):
+    start = (i % spec.minibatches) * rows
+    mb_seqs, mb_batch = _rows((seqs, batch), start, rows)
+    return _minibatch_step(
+      models,
+      algorithm,
+      spec,
+      state,
+      mb_seqs,
+      mb_batch,
+      jax.random.fold_in(key, i),
+    )
+
+  state, metrics = body(state, 0)
+  steps = spec.epochs * spec.minibatches
+  if steps == 1:
+    return state, metrics
+
+  def scan_body(carry, i):
+    state, total = carry
+    state, metrics = body(state, i)
+    return (state, _add(total, metrics)), None
+
+  (state, metrics), _ = jax.lax.scan(
+    scan_body, (state, metrics), jnp.arange(1, steps)
+  )
+  return state, metrics

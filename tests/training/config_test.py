@@ -1,0 +1,90 @@
+"""Run configs: key=value overrides, config files, the CLI's errors."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from rljax import algorithms
+from rljax.training import RunConfig
+from rljax.training import load_config
+from rljax.training import override
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+PRESET_CONFIGS = sorted(p.stem for p in CONFIGS.glob("[!_]*.py"))
+
+
+def test_overrides_parse_literals_and_strings():
+  config = override(
+    RunConfig(),
+    [
+      "train.steps=7",
+      "optim.learning_rate=1",  # an int for a float field becomes 1.0
+      "train.mesh=(2, 2, 2)",
+      "algorithm.name=dapo",
+      "algorithm.kwargs.eps_high=0.3",
+      "sampler.top_p=0.9",
+    ],
+  )
+  assert config.train.steps == 7
+  assert config.optim.learning_rate == 1.0
+  assert isinstance(config.optim.learning_rate, float)
+  assert config.train.mesh == (2, 2, 2)
+  assert config.algorithm.name == "dapo"
+  assert config.algorithm.kwargs == {"eps_high": 0.3}
+  assert config.sampler.top_p == 0.9
+  assert RunConfig().train.steps != 7  # the original is untouched
+
+
+@pytest.mark.parametrize(
+  "item,match",
+  [
+    ("train.stepz=3", r"TrainSpec has no field 'stepz'"),
+    ("train.steps=many", r"expected a int for 'steps'"),
+    ("train", "must look like section.field=value"),
+    ("model=3", "expected a ModelSpec"),
+  ],
+)
+def test_bad_overrides_name_the_field(item, match):
+  with pytest.raises(ValueError, match=match):
+    override(RunConfig(), [item])
+
+
+def test_one_config_per_preset():
+  assert set(PRESET_CONFIGS) == {
+    "grpo",
+    "dapo",
+    "dr_grpo",
+    "gspo",
+    "sapo",
+    "cispo",
+    "gmpo",
+    "ppo",
+    "rloo",
+    "reinforce_pp",
+    "remax",
+  }
+  for name in PRESET_CONFIGS:
+    config = load_config(CONFIGS / f"{name}.py")
+    assert config.algorithm.name == name
+    algorithms.get(name, **config.algorithm.kwargs)  # valid hyperparameters
+
+
+def test_load_config_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="not found"):
+    load_config(tmp_path / "missing.py")
+  bad = tmp_path / "bad.py"
+  bad.write_text("x = 1\n")
+  with pytest.raises(ValueError, match="must define get_config"):
+    load_config(bad)
+
+
+def test_cli_help_runs():
+  out = subprocess.run(
+    [sys.executable, "-m", "rljax.training", "--help"],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  assert "--config" in out.stdout and "--dry_run" in out.stdout
