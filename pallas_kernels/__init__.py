@@ -1,0 +1,29 @@
+"""Fused kernels for RL post-training of LLMs: token log-probs, entropies and
+per-token policy losses straight from hidden states, without ever holding the
+[tokens, vocab] logits.
+
+One math core, several schedules behind one dispatch (`SCHEDULES`): a dense
+reference (the oracle), a chunked pure-XLA schedule (the CPU default and the
+fallback), and Pallas kernels for TPU (Mosaic) and GPU (Triton), which also
+run under the Pallas interpreter on CPU. Every schedule implements the
+forward/backward contract of `pallas_kernels._contract`; one custom_vjp makes
+them differentiable. Shape suffixes: N tokens, D width, V vocabulary.
+
+This package depends on jax only (it never imports rljax).
+"""
+
+from pallas_kernels._api import LOSSES
+from pallas_kernels._api import policy_loss
+from pallas_kernels._api import token_logprob
+from pallas_kernels._contract import Stats
+from pallas_kernels._dispatch import DEFAULT_BLOCKS
+from pallas_kernels._dispatch import SCHEDULES
+
+__all__ = [
+  "DEFAULT_BLOCKS",
+  "LOSSES",
+  "SCHEDULES",
+  "Stats",
+  "policy_loss",
+  "token_logprob",
+]

@@ -1,0 +1,134 @@
+"""Schedule dispatch: auto, logged fallbacks, and argument errors."""
+
+import inspect
+import logging
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_kernels as pk
+from pallas_kernels import _dispatch
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+HIDDEN = jnp.asarray(np.random.default_rng(0).normal(size=(5, 4)), F32)
+UNEMBED = jnp.asarray(np.random.default_rng(1).normal(size=(4, 9)), F32)
+TARGETS = jnp.array([0, 3, 8, 2, 2])
+TOKENS = jnp.zeros(5)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+  """Each test sees every fallback reason as new."""
+  _dispatch._WARNED.clear()
+  yield
+  _dispatch._WARNED.clear()
+
+
+def _warnings(caplog):
+  return [
+    r
+    for r in caplog.records
+    if r.name == "pallas_kernels" and r.levelno == logging.WARNING
+  ]
+
+
+def test_auto_is_chunked_on_cpu_without_a_warning(caplog):
+  assert _dispatch.resolve("auto", (F32, F32)).name == "chunked"
+  assert _dispatch.resolve("auto", (F32, F32), 16, 256).forward.keywords == {
+    "block_n": 16,
+    "block_v": 256,
+  }
+  assert not _warnings(caplog)
+
+
+@pytest.mark.parametrize("schedule", ["pallas_tpu", "pallas_gpu"])
+def test_pallas_on_cpu_falls_back_with_exactly_one_warning(schedule, caplog):
+  want = pk.token_logprob(HIDDEN, UNEMBED, TARGETS, schedule="chunked")
+  for _ in range(3):
+    got = pk.token_logprob(HIDDEN, UNEMBED, TARGETS, schedule=schedule)
+    np.testing.assert_array_equal(got[0], want[0])
+  (record,) = _warnings(caplog)
+  assert schedule in record.getMessage() and "cpu" in record.getMessage()
+
+
+def test_unsupported_dtype_falls_back_before_importing(caplog, monkeypatch):
+  monkeypatch.setitem(
+    _dispatch._MODULE, "pallas_interpret", "pallas_kernels._absent"
+  )
+  sched = _dispatch.resolve("pallas_interpret", (jnp.float16, F32))
+  assert sched.name == "chunked"
+  (record,) = _warnings(caplog)
+  assert "float16" in record.getMessage()
+
+
+def test_missing_kernel_module(caplog, monkeypatch):
+  monkeypatch.setattr(_dispatch, "_backend", lambda: "tpu")
+  monkeypatch.setitem(_dispatch._MODULE, "pallas_tpu", "pallas_kernels._absent")
+  # An explicit request for a kernel that is not installed is an error ...
+  with pytest.raises(ModuleNotFoundError, match="schedule='chunked'"):
+    _dispatch.resolve("pallas_tpu", (F32, F32))
+  # ... while "auto" falls back to chunked and says why, once.
+  for _ in range(2):
+    assert _dispatch.resolve("auto", (BF16, BF16)).name == "chunked"
+  (record,) = _warnings(caplog)
+  assert "pallas_kernels._absent" in record.getMessage()
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    (dict(hidden_ND=jnp.float32(1.0)), "hidden_ND"),
+    (dict(hidden_ND=jnp.zeros((5, 4), jnp.int32)), "hidden_ND"),
+    (dict(unembed_DV=jnp.zeros((3, 9))), "unembed_DV"),
+    (dict(unembed_DV=jnp.zeros((4, 9, 1))), "unembed_DV"),
+    (dict(targets_N=jnp.zeros((4,), jnp.int32)), "targets_N"),
+    (dict(targets_N=jnp.zeros((5,))), "targets_N"),
+    (dict(temperature=0.0), "temperature"),
+    (dict(temperature=jnp.ones(2)), "temperature"),
+    (dict(schedule="triton"), r"schedule must be one of \['auto', 'dense'"),
+    (dict(block_n=0), "block_n"),
+    (dict(block_v=2.5), "block_v"),
+  ],
+)
+def test_token_logprob_bad_arguments(kwargs, match):
+  args = dict(hidden_ND=HIDDEN, unembed_DV=UNEMBED, targets_N=TARGETS)
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    pk.token_logprob(**args)
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    (dict(loss="grpo"), "loss must be one of"),
+    (dict(tau_pos=0.0), "tau_pos"),
+    (dict(tau_neg=-1.0), "tau_neg"),
+    (dict(loss="ppo_clip", eps_low=0.0), "eps_low"),
+    (dict(loss="ppo_clip", dual_clip=1.0), "dual_clip"),
+    (dict(log_ratio_clamp=0.0), "log_ratio_clamp"),
+    (dict(old_logp_N=jnp.zeros(4)), "old_logp_N"),
+    (dict(advantages_N=jnp.zeros((5, 1))), "advantages_N"),
+    (dict(mask_N=jnp.zeros(6)), "mask_N"),
+  ],
+)
+def test_policy_loss_bad_arguments(kwargs, match):
+  args = dict(old_logp_N=TOKENS, advantages_N=TOKENS, mask_N=TOKENS)
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    pk.policy_loss(HIDDEN, UNEMBED, TARGETS, **args)
+
+
+def test_empty_batch_gives_empty_outputs():
+  logp, entropy = pk.token_logprob(
+    jnp.zeros((0, 4)), UNEMBED, jnp.zeros((0,), jnp.int32)
+  )
+  assert logp.shape == entropy.shape == (0,)
+
+
+def test_every_public_symbol_has_a_docstring():
+  assert pk.__doc__
+  for name in pk.__all__:
+    obj = getattr(pk, name)
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+      assert inspect.getdoc(obj), name
