@@ -31,6 +31,7 @@ def arithmetic(
   test_size: int | None = None,
   seed: int = 0,
   prompt_style: str = "bare",
+  extract: str | None = None,
 ) -> Task:
   """Integer arithmetic a op b with operands in [0, 10**digits).
 
@@ -53,6 +54,9 @@ def arithmetic(
       len(operations) * 100**digits; default min(500, a fifth of them).
     seed: selects the split and the order; same seed, same examples.
     prompt_style: "bare" or "question".
+    extract: how the reward reads the answer (`rewards.exact_answer`
+      modes); None: "full" for "bare", "hash" for "question". Small
+      instruct models rarely write "####": "last_number" suits them.
 
   Returns:
     A `Task` named "arithmetic"; examples are {"question", "answer", "a",
@@ -78,7 +82,9 @@ def arithmetic(
     for split, size in (("train", train_size), ("test", test_size))
   }
   bare = prompt_style == "bare"
-  correct = rewards.exact_answer(extract="full" if bare else "hash")
+  if extract is None:
+    extract = "full" if bare else "hash"
+  correct = rewards.exact_answer(extract=extract)
   return Task(
     name="arithmetic",
     train=splits["train"],

@@ -10,6 +10,8 @@ the data iterator's position, so a resumed run continues exactly.
 import dataclasses
 import functools
 import json
+import logging
+import math
 import pathlib
 import time
 from typing import Any, Optional
@@ -70,6 +72,17 @@ def _check_sizes(config: RunConfig, mesh) -> None:
   sharding.check_batch("train.prompts_per_step", p, mesh)
 
 
+def _mesh(sizes):
+  """The run's mesh; a fully specified one may use fewer than all devices."""
+  used = math.prod(sizes)
+  if -1 in sizes or used >= jax.device_count():
+    return sharding.make_mesh(*sizes)
+  logging.getLogger("rljax").warning(
+    "train.mesh=%s uses %d of %d devices.", sizes, used, jax.device_count()
+  )
+  return sharding.make_mesh(*sizes, devices=jax.devices()[:used])
+
+
 class Trainer:
   """One training run: build everything from a `RunConfig`, then `run()`.
 
@@ -79,7 +92,7 @@ class Trainer:
 
   def __init__(self, config: RunConfig, *, resume: bool = True):
     self.config = c = config
-    self.mesh = sharding.make_mesh(*c.train.mesh)
+    self.mesh = _mesh(c.train.mesh)
     _check_sizes(c, self.mesh)
     self.task = tasks.get(c.task.name, **c.task.kwargs)
     model, self.tokenizer = _build.build_policy(
