@@ -68,7 +68,8 @@ def test_one_config_per_preset():
   for name in PRESET_CONFIGS:
     config = load_config(CONFIGS / f"{name}.py")
     assert config.algorithm.name == name.removeprefix("smollm2_")
-    algorithms.get(name, **config.algorithm.kwargs)  # valid hyperparameters
+    # valid hyperparameters
+    algorithms.get(config.algorithm.name, **config.algorithm.kwargs)
 
 
 def test_load_config_errors(tmp_path):
