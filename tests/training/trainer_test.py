@@ -72,7 +72,8 @@ def test_grpo_runs_and_writes_its_outputs(tmp_path):
     "output.rollouts_every=1",
     "output.plot=True",
   )
-  summary = Trainer(config).run()
+  trainer = Trainer(config)
+  summary = trainer.run()
   assert len(summary["history"]) == 2
   last = summary["history"][-1]
   for key in ("reward", "accuracy", "loss", "kl", "entropy", "clip_frac"):
@@ -84,6 +85,9 @@ def test_grpo_runs_and_writes_its_outputs(tmp_path):
   assert {r["step"] for r in rollouts} == {1, 2}
   assert len(rollouts) == 2 * 8 * 4
   assert (tmp_path / "learning_curves.png").stat().st_size > 0
+  report = trainer.dry_run()
+  assert report["update_temp_mib"] > 0 and report["parameters"] > 1000
+  assert np.isfinite(report["metrics"]["loss"])
 
 
 @pytest.mark.slow  # three trainers: about a minute
