@@ -90,24 +90,23 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
   )
 
 
-def value_model_like(policy: Transformer, seed: int) -> ValueModel:
+def value_model_like(policy: Transformer) -> ValueModel:
   """A critic whose trunk starts as a copy of the policy (verl, OpenRLHF)."""
   critic = nnx.eval_shape(lambda: ValueModel(policy.config, rngs=nnx.Rngs(0)))
   nnx.update(critic.trunk, nnx.state(policy))
+  # The head starts at zero: V = 0 everywhere until the critic learns.
   critic.head.set_value(jnp.zeros(critic.head.shape, critic.head.dtype))
   critic.bias.set_value(jnp.zeros((), critic.bias.dtype))
-  del seed  # the head starts at zero: V = 0 everywhere
   return critic
 
 
-def optimizer(spec: OptimSpec, total_steps: int):
+def optimizer(spec: OptimSpec):
   """AdamW with linear warmup, global-norm clipping."""
   schedule = optax.linear_schedule(
     0.0, spec.learning_rate, max(spec.warmup_steps, 1)
   )
   if spec.warmup_steps == 0:
     schedule = optax.constant_schedule(spec.learning_rate)
-  del total_steps
   return optax.chain(
     optax.clip_by_global_norm(spec.grad_clip),
     optax.adamw(

@@ -109,11 +109,11 @@ class Trainer:
       )
     }
     critic = (
-      _build.value_model_like(model, c.train.seed)
+      _build.value_model_like(model)
       if self.needs["old_values_PGT"]
       else None
     )
-    opt = _build.optimizer(c.optim, c.train.steps)
+    opt = _build.optimizer(c.optim)
     self.models = Models(
       policy=nnx.graphdef(model),
       value=None if critic is None else nnx.graphdef(critic),
