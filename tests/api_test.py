@@ -8,6 +8,7 @@ import pytest
 import rljax
 
 NAMESPACES = [
+  "pallas_kernels",
   "rljax",
   "rljax.advantages",
   "rljax.aggregate",
