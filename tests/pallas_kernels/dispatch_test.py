@@ -42,6 +42,26 @@ def test_auto_is_chunked_on_cpu_without_a_warning(caplog):
   assert not _warnings(caplog)
 
 
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_auto_picks_the_backends_kernel(backend, monkeypatch, caplog):
+  monkeypatch.setattr(_dispatch, "_backend", lambda: backend)
+  sched = _dispatch.resolve("auto", (BF16, BF16))
+  assert sched.name == f"pallas_{backend}"
+  assert sched.forward.keywords["interpret"] is False
+  assert (
+    sched.forward.keywords["block_n"],
+    sched.forward.keywords["block_v"],
+  ) == (pk.DEFAULT_BLOCKS[sched.name])
+  assert not _warnings(caplog)
+
+
+def test_pallas_interpret_runs_the_tpu_kernel_interpreted():
+  sched = _dispatch.resolve("pallas_interpret", (F32, F32))
+  assert sched.name == "pallas_interpret"
+  assert sched.backward.func.__module__ == "pallas_kernels._pallas_tpu"
+  assert sched.backward.keywords["interpret"] is True
+
+
 @pytest.mark.parametrize("schedule", ["pallas_tpu", "pallas_gpu"])
 def test_pallas_on_cpu_falls_back_with_exactly_one_warning(schedule, caplog):
   want = pk.token_logprob(HIDDEN, UNEMBED, TARGETS, schedule="chunked")
