@@ -120,6 +120,12 @@ def take_groups(scored: Sequence[Scored], order: np.ndarray) -> Scored:
   scores = scored[0].scores._replace(
     values_NK=values[sample_order],
     total_N=cat([s.scores.total_N for s in scored])[sample_order],
+    # Reward means and unparseable rates over everything sampled this step
+    # (the rollouts are the same size), not only over the kept groups.
+    metrics={
+      k: float(np.mean([s.scores.metrics[k] for s in scored]))
+      for k in scored[0].scores.metrics
+    },
   )
   return Scored(
     rollout=rollout,
