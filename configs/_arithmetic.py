@@ -26,6 +26,7 @@ def base(algorithm: str, **kwargs) -> RunConfig:
       num_kv_heads=2,
       intermediate_size=192,
       max_position_embeddings=32,
+      scan_unroll=2,  # both layers: a shallow model runs faster unrolled
     ),
     task=TaskSpec(
       name="arithmetic",

@@ -39,9 +39,16 @@ The two sides alternate iteration by iteration, so both see the same load
 on a shared machine: Tunix's dataset is an iterator whose every batch first
 runs one rljax iteration. Tunix's iteration is timed around
 `RLLearner._run_global_step` (wrapped), the whole of its work for one step,
-minus the rljax iteration that its data pull ran inside it. Times exclude
-compilation: the first iteration (compile + run) is reported separately;
-the table shows the median and best of the later iterations.
+minus the rljax iteration that its data pull ran inside it; its rollout
+around `RLCluster.generate` and its update around `RLCluster.update_actor`.
+rljax's rollout is `generate` plus the reward, its update the advantages
+plus `update`. Times exclude compilation: the first iteration (compile +
+run) is reported separately; the table shows the median and best of the
+later iterations.
+
+Both models loop over their 2 layers unrolled: Tunix's in Python, rljax's
+with `ModelConfig(scan_unroll=2)` (the default, 1, scans one layer per
+iteration, which keeps compile time flat for deep models).
 
 Design differences that remain (not removable by configuration):
 * Tunix prefills P * G prompt rows, rljax P (it copies the cache). With
@@ -121,6 +128,7 @@ def rljax_setup():
     head_dim=HEAD_DIM,
     tie_embeddings=True,
     max_position_embeddings=S + T,
+    scan_unroll=LAYERS,  # Tunix's model loops over its layers in Python
   )
   model = init_model(Transformer, config, seed=0)
   algorithm = algorithms.grpo(eps=EPS, kl_coef=BETA)
@@ -142,8 +150,12 @@ def rljax_setup():
 
 
 def rljax_iteration(setup, state, prompts, key):
-  """Rollout, reward, advantages and one update; returns the new state."""
+  """Rollout, reward, advantages and one update.
+
+  Returns (new state, rollout seconds, update seconds).
+  """
   models, _, _, prepare, step = setup
+  start = time.perf_counter()
   policy = nnx.merge(models.policy, state.policy.params)
   rollout = sampling.generate(
     policy,
@@ -155,6 +167,7 @@ def rljax_iteration(setup, state, prompts, key):
     temperature=1.0,
   )
   rewards = reward_ids(np.asarray(rollout.tokens_PGT).reshape(P * G, T))
+  middle = time.perf_counter()
   seqs = Sequences(
     jnp.concatenate([rollout.prompt_tokens_PGS, rollout.tokens_PGT], -1),
     jnp.concatenate([rollout.prompt_mask_PGS, rollout.mask_PGT], -1),
@@ -166,7 +179,8 @@ def rljax_iteration(setup, state, prompts, key):
   batch, algo_state = prepare(batch, state.policy.algo_state)
   state = state._replace(policy=state.policy._replace(algo_state=algo_state))
   state, _ = step(state, seqs, batch, jax.random.fold_in(key, 1))
-  return jax.block_until_ready(state)
+  state = jax.block_until_ready(state)
+  return state, middle - start, time.perf_counter() - middle
 
 
 # --- Tunix -----------------------------------------------------------------
@@ -277,8 +291,9 @@ class Interleaved:
     self.state, self.prompts = self.setup[2], prompt_ids()
     self.key = jax.random.key(0)
     self.left = iters + 1
-    self.rljax_times, self.tunix_times = [], []
-    self.inside = 0.0  # rljax seconds since the current Tunix step began
+    self.rljax = {phase: [] for phase in PHASES}
+    self.tunix = {phase: [] for phase in PHASES}
+    self.inside = 0.0  # rljax seconds run since the program started
     tokenizer = WordTokenizer()
     texts = [tokenizer.decode(row[1:]) for row in self.prompts]
     self.batch = {"prompts": np.array(texts)}
@@ -290,41 +305,49 @@ class Interleaved:
     if not self.left:
       raise StopIteration
     self.left -= 1
-    i = len(self.rljax_times)
-    start = time.perf_counter()
-    self.state = rljax_iteration(
+    i = len(self.rljax["iteration"])
+    self.state, rollout, update_s = rljax_iteration(
       self.setup, self.state, self.prompts, jax.random.fold_in(self.key, i)
     )
-    self.rljax_times.append(time.perf_counter() - start)
-    self.inside += self.rljax_times[-1]
+    for phase, seconds in zip(PHASES, (rollout + update_s, rollout, update_s)):
+      self.rljax[phase].append(seconds)
+    self.inside += rollout + update_s
     return self.batch
 
-  def time_steps(self, learner):
-    """Wrap Tunix's global step (rollout, reward, update) with a timer."""
-    inner = learner._run_global_step
-    model = learner.rl_cluster.actor_trainer.model
+  def _timed(self, fn, phase, model):
+    """`fn` that appends its own time, less rljax's, to tunix[phase]."""
 
     def timed(*args, **kwargs):
-      self.inside, start = 0.0, time.perf_counter()
-      inner(*args, **kwargs)
+      start, inside = time.perf_counter(), self.inside
+      out = fn(*args, **kwargs)
       jax.block_until_ready(nnx.state(model))
-      self.tunix_times.append(time.perf_counter() - start - self.inside)
+      spent = time.perf_counter() - start - (self.inside - inside)
+      self.tunix[phase].append(spent)
+      return out
 
-    learner._run_global_step = timed
+    return timed
+
+  def time_steps(self, learner):
+    """Time Tunix's global step (rollout, reward, update) and two parts."""
+    cluster = learner.rl_cluster
+    model = cluster.actor_trainer.model
+    learner._run_global_step = self._timed(
+      learner._run_global_step, "iteration", model
+    )
+    cluster.generate = self._timed(cluster.generate, "rollout", model)
+    cluster.update_actor = self._timed(cluster.update_actor, "update", model)
+
+
+PHASES = ("iteration", "rollout", "update")
 
 
 def run(iters: int):
-  """(rljax times, Tunix times), iteration 0 first (with compilation)."""
+  """(rljax, Tunix): seconds per phase, iteration 0 (compiles) first."""
   data = Interleaved(iters)
   learner = tunix_learner(iters + 1)
   data.time_steps(learner)
   learner.train(data)
-  return data.rljax_times, data.tunix_times
-
-
-def summary(times):
-  rest = times[1:]
-  return times[0], statistics.median(rest), min(rest)
+  return data.rljax, data.tunix
 
 
 def main():
@@ -332,21 +355,30 @@ def main():
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args()
   logging.getLogger("absl").setLevel(logging.WARNING)
-  rljax_times, tunix_times = run(args.iters)
-  rl, tx = summary(rljax_times), summary(tunix_times)
+  sides = dict(zip(("rljax", "Tunix 0.1.7"), run(args.iters)))
   print(
     f"\nGRPO iteration, P={P} x G={G}, S={S}, T={T}, vocab {VOCAB}, d={D},"
     f" {LAYERS} layers, float32, {jax.devices()[0].platform}, jax"
-    f" {jax.__version__}, {args.iters} timed iterations\n"
+    f" {jax.__version__}, {args.iters} timed iterations (medians and best"
+    " exclude the first, which compiles)\n"
   )
-  print("| | first (compile + run) s | median ms | best ms |")
-  print("|---|---:|---:|---:|")
-  for name, (first, med, best) in (("rljax", rl), ("Tunix 0.1.7", tx)):
-    print(f"| {name} | {first:.2f} | {med * 1e3:.1f} | {best * 1e3:.1f} |")
-  print(
-    f"| ratio Tunix / rljax | {tx[0] / rl[0]:.2f} | {tx[1] / rl[1]:.2f} |"
-    f" {tx[2] / rl[2]:.2f} |"
-  )
+  columns = {
+    "first iteration s": lambda t: t["iteration"][0],
+    "iteration median ms": lambda t: (
+      1e3 * statistics.median(t["iteration"][1:])
+    ),
+    "iteration best ms": lambda t: 1e3 * min(t["iteration"][1:]),
+    "rollout median ms": lambda t: 1e3 * statistics.median(t["rollout"][1:]),
+    "update median ms": lambda t: 1e3 * statistics.median(t["update"][1:]),
+  }
+  values = {name: [f(t) for f in columns.values()] for name, t in sides.items()}
+  print("| | " + " | ".join(columns) + " |")
+  print("|---|" + "---:|" * len(columns))
+  for name, row in values.items():
+    print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
+  rl, tx = values.values()
+  ratios = " | ".join(f"{b / a:.2f}" for a, b in zip(rl, tx))
+  print(f"| ratio Tunix / rljax | {ratios} |")
 
 
 if __name__ == "__main__":

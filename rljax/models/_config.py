@@ -31,6 +31,13 @@ class ModelConfig:
   Llama: the defaults. Qwen2: ``qkv_bias=True``, untied embeddings. Qwen3:
   ``qk_norm=True``. ``dtype`` is the compute dtype (bfloat16 on accelerators);
   parameters are stored in ``param_dtype`` and logits are always float32.
+
+  ``scan_unroll`` is how many layers each iteration of the layer scan runs;
+  ``num_layers`` unrolls the stack completely. Unrolling removes the loop's
+  per-layer work (slicing the stacked weights, stacking the residuals saved
+  for the backward pass), which dominates for shallow, narrow models (a
+  2-layer toy model's train step is about 1.3x faster on CPU unrolled);
+  compile time grows with it, so deep models keep the default of 1.
   """
 
   vocab_size: int
@@ -49,6 +56,7 @@ class ModelConfig:
   max_position_embeddings: int = 2048
   dtype: str = "float32"
   param_dtype: str = "float32"
+  scan_unroll: int = 1
 
   def __post_init__(self):
     checks.positive(
@@ -61,7 +69,13 @@ class ModelConfig:
       head_dim=self.head_dim,
       rope_theta=self.rope_theta,
       rms_norm_eps=self.rms_norm_eps,
+      scan_unroll=self.scan_unroll,
     )
+    if self.scan_unroll > self.num_layers:
+      raise ValueError(
+        f"scan_unroll ({self.scan_unroll}) must be at most num_layers"
+        f" ({self.num_layers}); num_layers unrolls every layer."
+      )
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
         f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads"

@@ -1,7 +1,7 @@
 """The decoder: embeddings, a `lax.scan` over stacked layers, the LM head.
 
 Layer weights are stacked on a leading layer axis L, so the scan compiles one
-layer whatever the depth. Every parameter carries ``logical_axes`` metadata
+layer whatever the depth (or `ModelConfig.scan_unroll` layers). Every parameter carries ``logical_axes`` metadata
 (e.g. ``("layers", "embed", "heads", "head_dim")``) that `rljax.sharding`
 maps to mesh axes. Shapes: B batch, S sequence (or new tokens), D width,
 H query heads, N key/value heads, K head dim, F MLP width, V vocabulary.
@@ -292,7 +292,9 @@ class Transformer(nnx.Module):
 
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
-    (x, kvs), _ = jax.lax.scan(body, (x, kvs), (weights, layer_ids))
+    (x, kvs), _ = jax.lax.scan(
+      body, (x, kvs), (weights, layer_ids), unroll=c.scan_unroll
+    )
     x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     if cache is not None:
       cache = KVCache(kvs[0], kvs[1], key_mask)

@@ -48,6 +48,7 @@ def _scratch_config(spec: ModelSpec, vocab_size: int) -> ModelConfig:
     tie_embeddings=True,
     max_position_embeddings=spec.max_position_embeddings,
     dtype=spec.dtype,
+    scan_unroll=spec.scan_unroll,
   )
 
 
@@ -76,7 +77,7 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
     tokenizer = Tokenizer.from_characters(alphabet)
     config = _scratch_config(spec, tokenizer.vocab_size)
     return init_model(Transformer, config, seed), tokenizer
-  overrides = dict(dtype=spec.dtype)
+  overrides = dict(dtype=spec.dtype, scan_unroll=spec.scan_unroll)
   if source == "smollm2" or source.startswith("gguf:"):
     path = _smollm2_path() if source == "smollm2" else source[5:]
     return checkpoints.load_gguf(path, **overrides), tokenizer_from_gguf(path)

@@ -27,6 +27,7 @@ class ModelSpec:
   intermediate_size: int = 128
   max_position_embeddings: int = 64
   dtype: str = "float32"
+  scan_unroll: int = 1  # layers per scan iteration (ModelConfig.scan_unroll)
   chat_template: bool = False  # wrap prompts in the tokenizer's template
   logprob_schedule: str = "auto"  # pallas_kernels schedule; "dense" to skip
 

@@ -45,13 +45,26 @@ def test_heads_not_a_multiple_of_kv_heads():
     ModelConfig(**(_BASE | dict(num_kv_heads=3)))
 
 
+def test_scan_unroll_beyond_the_layers():
+  with pytest.raises(ValueError, match=r"scan_unroll \(3\) must be at most"):
+    ModelConfig(**(_BASE | dict(num_layers=2, scan_unroll=3)))
+
+
 def test_odd_head_dim():
   with pytest.raises(ValueError, match="head_dim must be even"):
     ModelConfig(**(_BASE | dict(head_dim=7)))
 
 
 @pytest.mark.parametrize(
-  "name", ["vocab_size", "num_layers", "num_heads", "head_dim", "rope_theta"]
+  "name",
+  [
+    "vocab_size",
+    "num_layers",
+    "num_heads",
+    "head_dim",
+    "rope_theta",
+    "scan_unroll",
+  ],
 )
 def test_non_positive(name):
   with pytest.raises(ValueError, match=f"{name} must be > 0"):

@@ -181,6 +181,45 @@ def test_program_size_does_not_grow_with_depth():
 
 
 @_jit
+def _logits_and_grads(model, tokens, mask):
+  def loss(m):
+    return jnp.sum(jnp.sin(m(tokens, mask)[0]) * mask[..., None])
+
+  return model(tokens, mask)[0], nnx.grad(loss)(model)
+
+
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_unrolled_layers_equal_the_scan(unroll):
+  # 3 layers: unroll=2 leaves a remainder iteration, unroll=3 unrolls all.
+  scanned = _model(_config(num_layers=3), seed=7)
+  unrolled = _model(_config(num_layers=3, scan_unroll=unroll), seed=7)
+  graphdef, state = nnx.split(unrolled)
+  jaxpr = jax.make_jaxpr(lambda s, t: nnx.merge(graphdef, s)(t)[0])(
+    state, jnp.zeros((1, 4), jnp.int32)
+  )
+  (scan,) = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+  assert scan.params["unroll"] == unroll
+  tokens, mask = _left_padded([0, 2], 7, 32, seed=8)
+  logits_s, grads_s = _logits_and_grads(scanned, tokens, mask)
+  logits_u, grads_u = _logits_and_grads(unrolled, tokens, mask)
+  np.testing.assert_allclose(logits_u, logits_s, atol=1e-5, rtol=1e-5)
+  for (path, g_s), (_, g_u) in zip(
+    jax.tree_util.tree_leaves_with_path(nnx.state(grads_s)),
+    jax.tree_util.tree_leaves_with_path(nnx.state(grads_u)),
+  ):
+    assert np.abs(np.asarray(g_s)).max() > 0, path
+    np.testing.assert_allclose(g_u, g_s, atol=1e-4, rtol=1e-4, err_msg=path)
+  # Decoding through the cache (a scan carry) also unrolls.
+  cache = init_cache(unrolled.config, 2, 8)
+  positions = positions_from_mask(mask)
+  decoded, _ = _step(unrolled, tokens, mask, positions, cache, 0)
+  real = np.asarray(mask, bool)
+  np.testing.assert_allclose(
+    np.asarray(decoded)[real], np.asarray(logits_s)[real], atol=1e-5
+  )
+
+
+@_jit
 def _values_and_grad(model, tokens, mask):
   def loss(m):
     return jnp.sum(m(tokens, mask) * mask)
