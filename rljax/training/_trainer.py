@@ -109,9 +109,7 @@ class Trainer:
       )
     }
     critic = (
-      _build.value_model_like(model)
-      if self.needs["old_values_PGT"]
-      else None
+      _build.value_model_like(model) if self.needs["old_values_PGT"] else None
     )
     opt = _build.optimizer(c.optim)
     self.models = Models(
