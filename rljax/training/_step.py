@@ -122,31 +122,18 @@ class UpdateSpec(NamedTuple):
   value_eps: Optional[float] = 0.2
 
 
-def _policy_grads(
-  models, algorithm, spec, params, algo_state, seqs, batch, key
-):
-  """Summed num-gradients, the Mean loss and metrics over micro-batches."""
-  rows = batch.mask_PGT.shape[0] // spec.microbatches
+def _accumulated_grads(loss_fn, params, data, microbatches):
+  """Summed num-gradients, summed denominators and metrics over micro-batches.
+
+  ``loss_fn(params, rows, i) -> (Mean loss, metrics)`` sees the i-th block of
+  rows of `data`; the caller divides the summed gradient by the summed
+  denominator, which gives exactly the whole minibatch's gradient.
+  """
+  rows = jax.tree.leaves(data)[0].shape[0] // microbatches
 
   def micro(i):
-    mb_seqs, mb_batch = _rows((seqs, batch), i * rows, rows)
-
     def num(params):
-      model = nnx.merge(models.policy, params)
-      logp, entropy = completion_logprobs(
-        model,
-        mb_seqs,
-        spec.completion_width,
-        temperature=spec.temperature,
-        schedule=spec.schedule,
-      )
-      loss, metrics = algorithm.loss(
-        logp,
-        mb_batch,
-        algo_state,
-        entropy_PGT=entropy,
-        key=jax.random.fold_in(key, i),
-      )
+      loss, metrics = loss_fn(params, _rows(data, i * rows, rows), i)
       return loss.num, (loss.den, metrics)
 
     grads, (den, metrics) = jax.grad(num, has_aux=True)(params)
@@ -156,25 +143,49 @@ def _policy_grads(
     return _add(carry, micro(i)), None
 
   first = micro(0)
-  if spec.microbatches == 1:
+  if microbatches == 1:
     return first
-  total, _ = jax.lax.scan(body, first, jnp.arange(1, spec.microbatches))
+  total, _ = jax.lax.scan(body, first, jnp.arange(1, microbatches))
   return total
 
 
+def _policy_grads(
+  models, algorithm, spec, params, algo_state, seqs, batch, key
+):
+  """The policy loss's summed num-gradients, denominator and metrics."""
+
+  def loss(params, rows, i):
+    mb_seqs, mb_batch = rows
+    logp, entropy = completion_logprobs(
+      nnx.merge(models.policy, params),
+      mb_seqs,
+      spec.completion_width,
+      temperature=spec.temperature,
+      schedule=spec.schedule,
+    )
+    return algorithm.loss(
+      logp,
+      mb_batch,
+      algo_state,
+      entropy_PGT=entropy,
+      key=jax.random.fold_in(key, i),
+    )
+
+  return _accumulated_grads(loss, params, (seqs, batch), spec.microbatches)
+
+
 def _value_grads(models, spec, params, seqs, batch):
-  """Gradient of the critic's clipped value loss (a Mean) and its metrics."""
+  """The critic's clipped value loss: summed num-gradients, den, metrics."""
 
-  def loss(params):
+  def loss(params, rows, i):
+    del i
+    mb_seqs, mb_batch = rows
     values = completion_values(
-      nnx.merge(models.value, params), seqs, spec.completion_width
+      nnx.merge(models.value, params), mb_seqs, spec.completion_width
     )
-    value_loss, metrics = objectives.value_loss(
-      values, batch, eps=spec.value_eps
-    )
-    return value_loss.value, metrics
+    return objectives.value_loss(values, mb_batch, eps=spec.value_eps)
 
-  return jax.grad(loss, has_aux=True)(params)
+  return _accumulated_grads(loss, params, (seqs, batch), spec.microbatches)
 
 
 def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
@@ -202,7 +213,10 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
   )
   value = state.value
   if value is not None:
-    v_grads, v_metrics = _value_grads(models, spec, value.params, seqs, batch)
+    v_grads, v_den, v_metrics = _value_grads(
+      models, spec, value.params, seqs, batch
+    )
+    v_grads = _scale(v_grads, v_den)
     v_updates, v_opt = models.value_optimizer.update(
       v_grads, value.opt_state, value.params
     )

@@ -14,6 +14,7 @@ from rljax import algorithms
 from rljax import sharding
 from rljax import testing
 from rljax.models import ModelConfig
+from rljax.models import ValueModel
 from rljax.training import Models
 from rljax.training import Sequences
 from rljax.training import UpdateSpec
@@ -50,13 +51,19 @@ def _inputs(seed=0):
   return Sequences(tokens * mask, mask), batch
 
 
-def _state(mesh, algorithm, optimizer):
+def _state(mesh, algorithm, optimizer, critic=False):
   model = testing.random_model(_CONFIG, seed=1)
-  models = Models(nnx.graphdef(model), None, optimizer, None)
+  value = testing.random_model(_CONFIG, seed=2, cls=ValueModel)
+  models = Models(
+    nnx.graphdef(model),
+    nnx.graphdef(value) if critic else None,
+    optimizer,
+    optimizer if critic else None,
+  )
   state, _ = init_state(
     model,
     reference=False,
-    critic=None,
+    critic=value if critic else None,
     models=models,
     algorithm=algorithm,
     mesh=mesh,
@@ -67,7 +74,8 @@ def _state(mesh, algorithm, optimizer):
 def _run(spec, mesh=None, name="grpo"):
   mesh = mesh or sharding.make_mesh(devices=jax.devices()[:1])
   algorithm = algorithms.get(name)
-  models, state = _state(mesh, algorithm, optax.sgd(0.1))
+  critic = name == "ppo"
+  models, state = _state(mesh, algorithm, optax.sgd(0.1), critic=critic)
   seqs, batch = _inputs()
   batch, _ = algorithm.prepare(batch, state.policy.algo_state)
   put = lambda x: jax.device_put(  # noqa: E731
@@ -87,15 +95,33 @@ def _close(a, b, tol=1e-5):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "ppo"])
 def test_microbatches_give_the_whole_minibatch_gradient(name):
   # grpo (seq-mean-token-mean) and dr_grpo (constant normaliser) both
   # accumulate exactly: sum of numerator gradients over summed denominators.
+  # ppo's critic (token-mean value loss) accumulates the same way.
   whole, metrics = _run(UpdateSpec(T), name=name)
   split, split_metrics = _run(UpdateSpec(T, microbatches=4), name=name)
   _close(whole.policy.params, split.policy.params)
   _close(metrics["loss"].value, split_metrics["loss"].value)
   assert int(split.policy.step) == 1
+  if name == "ppo":
+    before = _state(
+      sharding.make_mesh(devices=jax.devices()[:1]),
+      algorithms.get(name),
+      optax.sgd(0.1),
+      critic=True,
+    )[1]
+    moved = jax.tree.leaves(
+      jax.tree.map(
+        lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(),
+        before.value.params,
+        whole.value.params,
+      )
+    )
+    assert max(moved) > 1e-4  # the critic really trained
+    _close(whole.value.params, split.value.params)
+    _close(metrics["value_loss"].value, split_metrics["value_loss"].value)
 
 
 def test_on_policy_ratio_is_exactly_one():
