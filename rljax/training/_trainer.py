@@ -26,6 +26,7 @@ from rljax import checkpointing
 from rljax import monitoring
 from rljax import sharding
 from rljax import tasks
+from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import finalize
 from rljax.training import _build
@@ -87,10 +88,18 @@ class Trainer:
   """One training run: build everything from a `RunConfig`, then `run()`.
 
   Resumes from the latest checkpoint in ``output.directory`` when there is
-  one (``resume=False`` starts over).
+  one (``resume=False`` starts over). ``algorithm`` trains an `Algorithm`
+  built in code (a new objective chained from transforms) instead of the
+  preset that ``config.algorithm`` names.
   """
 
-  def __init__(self, config: RunConfig, *, resume: bool = True):
+  def __init__(
+    self,
+    config: RunConfig,
+    *,
+    resume: bool = True,
+    algorithm: Optional[Algorithm] = None,
+  ):
     self.config = c = config
     self.mesh = _mesh(c.train.mesh)
     _check_sizes(c, self.mesh)
@@ -98,7 +107,9 @@ class Trainer:
     model, self.tokenizer = _build.build_policy(
       c.model, self.task.alphabet, c.train.seed
     )
-    self.algorithm = algorithms.get(c.algorithm.name, **c.algorithm.kwargs)
+    self.algorithm = algorithm or algorithms.get(
+      c.algorithm.name, **c.algorithm.kwargs
+    )
     self.needs = {
       f: _build.needs_field(self.algorithm, f)
       for f in (

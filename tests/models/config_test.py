@@ -45,11 +45,6 @@ def test_heads_not_a_multiple_of_kv_heads():
     ModelConfig(**(_BASE | dict(num_kv_heads=3)))
 
 
-def test_scan_unroll_beyond_the_layers():
-  with pytest.raises(ValueError, match=r"scan_unroll \(3\) must be at most"):
-    ModelConfig(**(_BASE | dict(num_layers=2, scan_unroll=3)))
-
-
 def test_odd_head_dim():
   with pytest.raises(ValueError, match="head_dim must be even"):
     ModelConfig(**(_BASE | dict(head_dim=7)))

@@ -188,9 +188,9 @@ def _logits_and_grads(model, tokens, mask):
   return model(tokens, mask)[0], nnx.grad(loss)(model)
 
 
-@pytest.mark.parametrize("unroll", [2, 3])
+@pytest.mark.parametrize("unroll", [2, 3, 8])
 def test_unrolled_layers_equal_the_scan(unroll):
-  # 3 layers: unroll=2 leaves a remainder iteration, unroll=3 unrolls all.
+  # 3 layers: unroll=2 leaves a remainder iteration, 3 (or 8) unrolls all.
   scanned = _model(_config(num_layers=3), seed=7)
   unrolled = _model(_config(num_layers=3, scan_unroll=unroll), seed=7)
   graphdef, state = nnx.split(unrolled)

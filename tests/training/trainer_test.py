@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+import rljax
 from rljax.training import Trainer
 from rljax.training import load_config
 from rljax.training import override
@@ -88,6 +89,24 @@ def test_grpo_runs_and_writes_its_outputs(tmp_path):
   report = trainer.dry_run()
   assert report["update_temp_mib"] > 0 and report["parameters"] > 1000
   assert np.isfinite(report["metrics"]["loss"])
+
+
+def test_an_algorithm_built_in_code_is_the_one_trained(tmp_path):
+  # The config names grpo; the trainer must trace the algorithm passed in.
+  traced = []
+  base = rljax.algorithms.cispo()
+
+  def apply(terms, batch, state):
+    traced.append(batch.mask_PGT.shape)
+    return base.transform.apply(terms, batch, state)
+
+  custom = base._replace(transform=base.transform._replace(apply=apply))
+  config = _config("grpo", tmp_path, "train.steps=1")
+  trainer = Trainer(config, algorithm=custom)
+  assert trainer.algorithm is custom
+  summary = trainer.run()
+  assert any(shape[:2] == (8, 4) for shape in traced)  # the real batch
+  assert np.isfinite(summary["history"][-1]["loss"])
 
 
 @pytest.mark.slow  # three trainers: about a minute
