@@ -91,3 +91,34 @@ def jit_model_fn(fn):
     return fn(nnx.merge(graphdef, state), *args)
 
   return lambda model, *args: run(*nnx.split(model), *args)
+
+
+# Overrides that shrink an arithmetic config (configs/grpo.py, ...) to a run
+# that is mostly compilation: a 1-layer model of width 16, 8 prompts x 4
+# samples, 2 warm-start steps, no TensorBoard or plot.
+TINY_RUN = (
+  "model.hidden_size=16",
+  "model.num_layers=1",
+  "model.num_heads=2",
+  "model.num_kv_heads=1",
+  "model.intermediate_size=32",
+  "train.prompts_per_step=8",
+  "train.warm_start_steps=2",
+  "train.warm_start_batch=8",
+  "train.eval_prompts=8",
+  "sampler.num_samples=4",
+  "output.tensorboard=False",
+  "output.plot=False",
+)
+
+
+def tiny_run_config(path, directory, *overrides: str):
+  """The config file at `path`, shrunk by `TINY_RUN`, writing to
+  `directory`, with further ``section.field=value`` overrides."""
+  from rljax.training import load_config
+  from rljax.training import override
+
+  return override(
+    load_config(path),
+    [*TINY_RUN, f"output.directory={directory}", *overrides],
+  )

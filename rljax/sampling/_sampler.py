@@ -240,7 +240,20 @@ def _check_prompts(tokens, mask, config, max_new_tokens: int) -> None:
     )
   if isinstance(tokens, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
     return
-  tokens, mask = np.asarray(tokens), np.asarray(mask)
+  for block, block_mask in zip(_readable(tokens), _readable(mask)):
+    _check_prompt_values(block, block_mask, config)
+
+
+def _readable(x) -> list[np.ndarray]:
+  """The blocks of `x` this process can read: all of it, or its own shards
+  of an array that spans several processes (each checks its own)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return [np.asarray(s.data) for s in x.addressable_shards]
+  return [np.asarray(x)]
+
+
+def _check_prompt_values(tokens, mask, config) -> None:
+  """Ids inside the vocabulary, masks left-padded."""
   if tokens.size and not 0 <= tokens.min() <= tokens.max() < config.vocab_size:
     raise ValueError(
       f"prompt_tokens_PS must hold ids in [0, {config.vocab_size}); got"

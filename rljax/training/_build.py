@@ -159,15 +159,26 @@ def init_state(
     state = nnx.state(model)
     return jax.device_put(state, sharding.param_shardings(state, mesh))
 
+  def on_mesh(tree):
+    # Leaves that init makes from nothing (Adam's step count) land on one
+    # device; a multi-host jit needs every argument on the mesh.
+    return jax.tree.map(
+      lambda x: x
+      if getattr(x.sharding, "mesh", None) == mesh
+      else jax.device_put(x, replicated),
+      tree,
+    )
+
   params = placed(policy)
   value = None
   if critic is not None:
     v_params = placed(critic)
-    value = ValueState(v_params, jax.jit(models.value_optimizer.init)(v_params))
+    v_opt = on_mesh(jax.jit(models.value_optimizer.init)(v_params))
+    value = ValueState(v_params, v_opt)
   state = TrainState(
     policy=PolicyState(
       params=params,
-      opt_state=jax.jit(models.optimizer.init)(params),
+      opt_state=on_mesh(jax.jit(models.optimizer.init)(params)),
       algo_state=jax.device_put(algorithm.init(), replicated),
       step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
     ),

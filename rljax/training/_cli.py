@@ -6,6 +6,9 @@ import json
 import pathlib
 import sys
 
+import jax
+
+from rljax.training import _hosts
 from rljax.training._config import RunConfig
 from rljax.training._config import override
 
@@ -51,21 +54,51 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     "--fresh", action="store_true", help="ignore existing checkpoints"
   )
+  hosts = parser.add_argument_group(
+    "multi-host (one process per host, the same command on every host)"
+  )
+  hosts.add_argument(
+    "--distributed",
+    choices=_hosts.MODES,
+    default="auto",
+    help="initialize jax.distributed: auto (when a coordinator is given or"
+    " a Cloud TPU pod / GKE TPU job is detected), on (always; JAX detects"
+    " TPU, SLURM, Open MPI, Kubernetes), off",
+  )
+  hosts.add_argument(
+    "--coordinator_address",
+    help="HOST:PORT of process 0 (default: $JAX_COORDINATOR_ADDRESS)",
+  )
+  hosts.add_argument(
+    "--num_processes", type=int, help="default: $JAX_NUM_PROCESSES"
+  )
+  hosts.add_argument("--process_id", type=int, help="default: $JAX_PROCESS_ID")
   return parser
 
 
 def main(argv=None) -> int:
   """Entry point; returns the process exit code."""
   args = _parser().parse_args(argv)
+  # Before anything touches a device (loading the config does not).
+  _hosts.initialize(
+    args.distributed,
+    coordinator_address=args.coordinator_address,
+    num_processes=args.num_processes,
+    process_id=args.process_id,
+  )
   config = override(load_config(args.config), args.overrides)
   # Imported here so that --help works without initialising JAX.
   from rljax.training._trainer import Trainer
 
   trainer = Trainer(config, resume=not args.fresh)
   if args.dry_run:
-    print(json.dumps(trainer.dry_run(), indent=2))
+    report = trainer.dry_run()
+    if jax.process_index() == 0:
+      print(json.dumps(report, indent=2))
     return 0
   summary = trainer.run()
+  if jax.process_index():
+    return 0
   print(
     "eval accuracy: before"
     f" {summary['before']['eval_accuracy']:.3f}, after"

@@ -5,7 +5,7 @@ prompt's example dict as reward metadata.
 """
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -14,6 +14,7 @@ from rljax import rewards as rewards_lib
 from rljax import sampling
 from rljax.sampling import Rollout
 from rljax.tokenizers import Tokenizer
+from rljax.training import _hosts
 from rljax.training._step import Sequences
 
 
@@ -55,11 +56,21 @@ def sample_and_score(
   key: jax.Array,
   prompt_width: int,
   chat: bool,
+  mesh=None,
+  global_rows: Optional[int] = None,
   **sampler_kwargs,
 ) -> Scored:
-  """Sample G completions per example and score them with the task."""
+  """Sample G completions per example and score them with the task.
+
+  With a `mesh`, `examples` are this process's rows of a global batch of
+  `global_rows` prompts: sampling runs on the global batch, sharded over
+  the mesh's batch axes, and the returned rollout holds this process's rows
+  (as numpy), which it decodes and scores.
+  """
   prompts = [task.format_prompt(e) for e in examples]
   tokens, mask = encode_prompts(tokenizer, prompts, prompt_width, chat=chat)
+  if mesh is not None:
+    tokens, mask = _hosts.to_global((tokens, mask), mesh, global_rows)
   rollout = sampling.generate(
     model,
     tokens,
@@ -68,6 +79,8 @@ def sample_and_score(
     stop_ids=tokenizer.stop_ids,
     **sampler_kwargs,
   )
+  if mesh is not None:
+    rollout = _hosts.to_local(rollout, mesh)
   p, g, t = rollout.tokens_PGT.shape
   tokens_NT = np.asarray(rollout.tokens_PGT).reshape(p * g, t)
   mask_NT = np.asarray(rollout.mask_PGT).reshape(p * g, t)

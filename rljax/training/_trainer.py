@@ -5,6 +5,12 @@ outer loop is Python; sampling, log-probs, `prepare` and the update are
 jitted, and the update runs sharded on the mesh with explicit in/out
 shardings. Step ``s`` samples with ``fold_in(key, s)`` and checkpoints carry
 the data iterator's position, so a resumed run continues exactly.
+
+Multi-host runs start the same trainer on every host (after
+`jax.distributed.initialize`; the CLI does it). Each process loads,
+decodes and scores only the prompts of the rows its devices hold, the
+jitted programs see global arrays (`_hosts`), summaries are summed over
+processes, and only process 0 writes logs, rollouts and plots.
 """
 
 import dataclasses
@@ -17,6 +23,7 @@ import time
 from typing import Any, Optional
 
 from flax import nnx
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +37,7 @@ from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import finalize
 from rljax.training import _build
+from rljax.training import _hosts
 from rljax.training import _rollout
 from rljax.training import _warm_start
 from rljax.training._config import RunConfig
@@ -78,6 +86,12 @@ def _mesh(sizes):
   used = math.prod(sizes)
   if -1 in sizes or used >= jax.device_count():
     return sharding.make_mesh(*sizes)
+  if jax.process_count() > 1:
+    raise ValueError(
+      f"train.mesh={sizes} uses {used} of {jax.device_count()} devices; a"
+      " multi-host run must use every device of every host (set one axis to"
+      " -1)."
+    )
   logging.getLogger("rljax").warning(
     "train.mesh=%s uses %d of %d devices.", sizes, used, jax.device_count()
   )
@@ -103,6 +117,8 @@ class Trainer:
     self.config = c = config
     self.mesh = _mesh(c.train.mesh)
     _check_sizes(c, self.mesh)
+    # The rows of each global batch of prompts this process handles.
+    self.rows = _hosts.own_rows(self.mesh, c.train.prompts_per_step)
     self.task = tasks.get(c.task.name, **c.task.kwargs)
     model, self.tokenizer = _build.build_policy(
       c.model, self.task.alphabet, c.train.seed
@@ -131,7 +147,7 @@ class Trainer:
     )
     self.directory = pathlib.Path(c.output.directory)
     self.directory.mkdir(parents=True, exist_ok=True)
-    self._iterator = self._dataset(c.task, c.train)
+    self._iterator = self._dataset(c.train)
     self.start_step = 0
     self._warm(model)
     self.state, self.shardings = _build.init_state(
@@ -175,14 +191,19 @@ class Trainer:
 
   # --- data -----------------------------------------------------------------
 
-  def _dataset(self, task_spec, train):
-    """Prompts for this process: its shard, shuffled, repeated, in batches."""
-    data = self.task.train[jax.process_index() :: jax.process_count()]
-    per_process = train.prompts_per_step // jax.process_count()
-    data = (
-      data.shuffle(seed=train.seed).repeat().batch(per_process, batch_fn=list)
+  def _dataset(self, train):
+    """This process's prompts: its rows of each global batch.
+
+    Global batch ``k`` is items ``[k P, (k + 1) P)`` of the shuffled,
+    repeated training set whatever the number of processes, so the
+    iterator's position means the same on any number of hosts.
+    """
+    stream = self.task.train.shuffle(seed=train.seed).repeat()
+    size, rows = train.prompts_per_step, self.rows
+    batches = grain.MapDataset.range(len(stream) // size).map(
+      lambda k: [stream[k * size + int(r)] for r in rows]
     )
-    return iter(data.to_iter_dataset())
+    return iter(batches.to_iter_dataset())
 
   def _warm(self, model) -> None:
     """The optional supervised warm start (scratch models)."""
@@ -221,23 +242,25 @@ class Trainer:
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
       self.state,
     )
-    restored = self.checkpointer.restore(abstract)
+    restored = self.checkpointer.restore(abstract, restore_data=False)
     self.state = restored.state
-    self._iterator.set_state(restored.data_state)
+    self._iterator.set_state(restored.metadata["data_state"])
     self.start_step = restored.step
 
   def save(self, step: int, *, force: bool = False) -> None:
     """Checkpoint the state and the data position after `step` steps."""
     if self.checkpointer is None:
       return
+    # The data position is the same on every process (see `_dataset`), so
+    # it goes in the metadata: a checkpoint resumes on any number of hosts.
     self.checkpointer.save(
       step,
       self.state,
-      data_state=self._iterator.get_state(),
       metadata={
         "config": json.loads(
           json.dumps(dataclasses.asdict(self.config), default=str)
-        )
+        ),
+        "data_state": self._iterator.get_state(),
       },
       force=force,
     )
@@ -248,8 +271,9 @@ class Trainer:
     """The current policy as an `nnx` module (for sampling, evaluation)."""
     return nnx.merge(self.models.policy, self.state.policy.params)
 
-  def _sample(self, examples, key):
-    s = self.config.sampler
+  def _sample(self, examples, key, *, global_rows=None, **sampler_kwargs):
+    """Sample and score this process's `examples` (rows of a global batch
+    of `global_rows` prompts, ``train.prompts_per_step`` by default)."""
     return _rollout.sample_and_score(
       self.policy(),
       self.tokenizer,
@@ -258,49 +282,67 @@ class Trainer:
       key=key,
       prompt_width=self.config.task.max_prompt_tokens,
       chat=self.config.model.chat_template,
-      max_new_tokens=s.max_new_tokens,
+      mesh=self.mesh,
+      global_rows=global_rows or self.config.train.prompts_per_step,
+      max_new_tokens=self.config.sampler.max_new_tokens,
+      **sampler_kwargs,
+    )
+
+  def _train_sample(self, examples, key):
+    s = self.config.sampler
+    return self._sample(
+      examples,
+      key,
       num_samples=s.num_samples,
       temperature=s.temperature,
       top_k=s.top_k,
       top_p=s.top_p,
     )
 
+  def _global(self, tree):
+    """Global arrays from this process's rows of a training batch."""
+    return _hosts.to_global(tree, self.mesh, self.config.train.prompts_per_step)
+
   def _raw_batch(self, scored) -> Batch:
+    """The global batch of a scored rollout (this process's rows)."""
     r = scored.rollout
     p, g, _ = r.tokens_PGT.shape
-    return Batch(
-      mask_PGT=jnp.asarray(r.mask_PGT, jnp.float32),
-      rewards_PG=jnp.asarray(scored.rewards_PG),
-      rewards_PGK=jnp.asarray(scored.scores.values_NK).reshape(p, g, -1),
-      rollout_logp_PGT=jnp.asarray(r.logp_PGT),
-      truncated_PG=jnp.asarray(r.truncated_PG),
+    return self._global(
+      Batch(
+        mask_PGT=np.asarray(r.mask_PGT, np.float32),
+        rewards_PG=np.asarray(scored.rewards_PG),
+        rewards_PGK=np.asarray(scored.scores.values_NK).reshape(p, g, -1),
+        rollout_logp_PGT=np.asarray(r.logp_PGT),
+        truncated_PG=np.asarray(r.truncated_PG),
+      )
     )
 
   def _fill(self, examples, key):
     """A rollout batch, refilled while the algorithm's filters drop groups.
 
     Kept groups come first; when ``max_refills`` runs out the batch is
-    completed with dropped groups, which the filter masks out again.
+    completed with dropped groups, which the filter masks out again. Each
+    process fills its own rows; all refill until every process is full
+    (sampling is a collective, so they must agree on the count).
     """
-    p = self.config.train.prompts_per_step
+    p = len(self.rows)
     pool, kept, dropped = [], [], []
     for attempt in range(self.config.train.max_refills + 1):
       if attempt:
         examples = next(self._iterator)
-      scored = self._sample(examples, jax.random.fold_in(key, attempt))
-      keep = np.asarray(
-        self._keep(
-          self._with_old(self._raw_batch(scored)), self.state.policy.algo_state
-        )
+      scored = self._train_sample(examples, jax.random.fold_in(key, attempt))
+      batch = self._with_old(self._raw_batch(scored))
+      keep = _hosts.to_local(
+        self._keep(batch, self.state.policy.algo_state), self.mesh
       )
       offset = sum(len(s.prompts) for s in pool)
       pool.append(scored)
       kept += [offset + i for i in np.flatnonzero(keep)]
       dropped += [offset + i for i in np.flatnonzero(keep == 0)]
-      if len(kept) >= p:
+      if not _hosts.process_sum(np.int32(len(kept) < p)):
         break
     order = np.asarray((kept + dropped)[:p])
-    return _rollout.take_groups(pool, order), attempt, len(kept)
+    return _rollout.take_groups(pool, order), attempt, min(len(kept), p)
 
   def _with_old(self, batch: Batch, seqs=None) -> Batch:
     """Old, reference and value estimates the algorithm reads."""
@@ -357,8 +399,7 @@ class Trainer:
     start = time.perf_counter()
     examples = next(self._iterator)
     scored, refills, num_kept = self._fill(examples, jax.random.fold_in(key, 0))
-    seqs = _rollout.sequences(scored.rollout)
-    seqs = jax.device_put(seqs, sharding.batch_sharding(self.mesh, 3))
+    seqs = self._global(_rollout.sequences(scored.rollout))
     batch = self._with_old(self._raw_batch(scored), seqs)
     if self.needs["baseline_rewards_P"]:
       batch = batch._replace(baseline_rewards_P=self._greedy_rewards(scored))
@@ -380,40 +421,39 @@ class Trainer:
       "clip_frac_high", 0.0
     )
     out.update(self._rollout_metrics(scored, refills, num_kept))
-    out["tokens"] = float(np.asarray(scored.rollout.mask_PGT).sum())
     out["seconds"] = time.perf_counter() - start
     self._last = scored
     return out
 
   def _greedy_rewards(self, scored) -> jax.Array:
     """ReMax's baseline: the reward of each prompt's greedy completion."""
-    greedy = _rollout.sample_and_score(
-      self.policy(),
-      self.tokenizer,
-      self.task,
-      scored.examples,
-      key=jax.random.key(0),
-      prompt_width=self.config.task.max_prompt_tokens,
-      chat=self.config.model.chat_template,
-      max_new_tokens=self.config.sampler.max_new_tokens,
-      greedy=True,
-    )
-    return jnp.asarray(greedy.rewards_PG[:, 0])
+    greedy = self._sample(scored.examples, jax.random.key(0), greedy=True)
+    return self._global(greedy.rewards_PG[:, 0])
 
   def _rollout_metrics(self, scored, refills, num_kept) -> dict[str, float]:
+    """Means over every process's samples (sums over processes / counts)."""
     values = np.asarray(scored.scores.values_NK)
     mask = np.asarray(scored.rollout.mask_PGT)
-    out = {
-      "reward": float(np.mean(scored.rewards_PG)),
+    n = values.shape[0]
+    sums = {
+      "reward": np.sum(scored.rewards_PG),
       # A task's first reward is its correctness check.
-      "accuracy": float(np.mean(values[:, 0] > 0)),
-      "response_length": float(mask.sum(-1).mean()),
-      "truncated": float(np.mean(scored.rollout.truncated_PG)),
-      "refills": float(refills),
-      "kept_groups": float(num_kept),
+      "accuracy": np.sum(values[:, 0] > 0),
+      "response_length": mask.sum(),
+      "truncated": np.sum(scored.rollout.truncated_PG),
+      # Summed per sample (G each) so that one count divides everything.
+      "kept_groups": num_kept * n / len(self.rows),
+      **{k: v * n for k, v in scored.scores.metrics.items()},
     }
-    for name, value in scored.scores.metrics.items():
-      out[name] = float(value)
+    sums = {k: np.float64(v) for k, v in sums.items()}
+    total = _hosts.process_sum({"count": np.float64(n), **sums})
+    out = {k: float(total[k] / total["count"]) for k in sums}
+    samples = (
+      self.config.train.prompts_per_step * self.config.sampler.num_samples
+    )
+    out["kept_groups"] *= self.config.train.prompts_per_step
+    out["tokens"] = out["response_length"] * samples
+    out["refills"] = float(refills)
     return out
 
   def dry_run(self) -> dict[str, Any]:
@@ -421,7 +461,7 @@ class Trainer:
     the compiled program's memory (XLA's analysis) and the step time."""
     start = time.perf_counter()
     metrics = self.step(self.start_step)
-    seqs = _rollout.sequences(self._last.rollout)
+    seqs = self._global(_rollout.sequences(self._last.rollout))
     batch = self._with_old(self._raw_batch(self._last), seqs)
     batch, _ = self._prepare(batch, self.state.policy.algo_state)
     compiled = self._update.lower(
@@ -443,37 +483,39 @@ class Trainer:
   # --- evaluation -----------------------------------------------------------
 
   def evaluate(self, *, num_prompts: Optional[int] = None) -> dict[str, float]:
-    """Greedy accuracy on held-out prompts (+ pass@k when eval_samples > 1)."""
+    """Greedy accuracy on held-out prompts (+ pass@k when eval_samples > 1).
+
+    The prompts are padded (repeating the last) to a multiple of the
+    mesh's batch axes and split over processes like a training batch; the
+    padding is not counted.
+    """
     t = self.config.train
     n = min(num_prompts or t.eval_prompts, len(self.task.test))
-    examples = [self.task.test[i] for i in range(n)]
-    s = self.config.sampler
-    common = dict(
-      key=jax.random.key(t.seed + 7),
-      prompt_width=self.config.task.max_prompt_tokens,
-      chat=self.config.model.chat_template,
-      max_new_tokens=s.max_new_tokens,
-    )
-    greedy = _rollout.sample_and_score(
-      self.policy(), self.tokenizer, self.task, examples, greedy=True, **common
-    )
-    out = {"eval_accuracy": float(np.mean(greedy.scores.values_NK[:, 0] > 0))}
+    shards = math.prod(self.mesh.shape[a] for a in sharding.BATCH_AXES)
+    padded = -(-n // shards) * shards
+    rows = _hosts.own_rows(self.mesh, padded)
+    examples = [self.task.test[min(int(i), n - 1)] for i in rows]
+    real = (rows < n).astype(np.float64)
+    key = jax.random.key(t.seed + 7)
+    greedy = self._sample(examples, key, global_rows=padded, greedy=True)
+    correct = greedy.scores.values_NK[:, 0] > 0
+    sums = {"count": real.sum(), "eval_accuracy": (correct * real).sum()}
     if t.eval_samples > 1:
-      sampled = _rollout.sample_and_score(
-        self.policy(),
-        self.tokenizer,
-        self.task,
+      sampled = self._sample(
         examples,
+        key,
+        global_rows=padded,
         num_samples=t.eval_samples,
-        temperature=s.temperature,
-        **common,
+        temperature=self.config.sampler.temperature,
       )
-      correct = (sampled.scores.values_NK[:, 0] > 0).reshape(n, -1).sum(-1)
+      right = (sampled.scores.values_NK[:, 0] > 0).reshape(len(rows), -1)
       for k in sorted({1, t.eval_samples}):
-        out[f"eval_pass@{k}"] = float(
-          np.mean(monitoring.pass_at_k(t.eval_samples, correct, k))
-        )
-    return out
+        passed = monitoring.pass_at_k(t.eval_samples, right.sum(-1), k)
+        sums[f"eval_pass@{k}"] = (np.asarray(passed) * real).sum()
+    total = _hosts.process_sum(sums)
+    return {
+      k: float(v / total["count"]) for k, v in total.items() if k != "count"
+    }
 
   # --- the loop -------------------------------------------------------------
 

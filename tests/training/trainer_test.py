@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import rljax
+from rljax import testing
 from rljax.training import Trainer
-from rljax.training import load_config
 from rljax.training import override
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
@@ -18,28 +18,10 @@ PRESETS = sorted(
   p.stem for p in CONFIGS.glob("[!_]*.py") if p.stem != "smollm2_grpo"
 )
 
-# A model and batch small enough that a run is mostly compilation.
-TINY = [
-  "model.hidden_size=16",
-  "model.num_layers=1",
-  "model.num_heads=2",
-  "model.num_kv_heads=1",
-  "model.intermediate_size=32",
-  "train.prompts_per_step=8",
-  "train.warm_start_steps=2",
-  "train.warm_start_batch=8",
-  "train.eval_prompts=8",
-  "train.mesh=(1, 1, 1)",
-  "sampler.num_samples=4",
-  "output.tensorboard=False",
-  "output.plot=False",
-]
-
 
 def _config(name, directory, *extra):
-  return override(
-    load_config(CONFIGS / f"{name}.py"),
-    TINY + [f"output.directory={directory}", *extra],
+  return testing.tiny_run_config(
+    CONFIGS / f"{name}.py", directory, "train.mesh=(1, 1, 1)", *extra
   )
 
 
