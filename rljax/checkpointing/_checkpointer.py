@@ -96,7 +96,12 @@ class Checkpointer:
     checks.positive(save_every=save_every)
     if keep is not None:
       checks.positive(keep=keep)
-    self.directory = epath.Path(os.path.abspath(directory))
+    # URLs (gs://bucket/run: the shared storage of a multi-host run) go to
+    # orbax as they are; local paths are made absolute.
+    directory = str(directory)
+    if "://" not in directory:
+      directory = os.path.abspath(directory)
+    self.directory = epath.Path(directory)
     self._data_file = f"process_{jax.process_index()}-of-{jax.process_count()}"
     options = ocp.CheckpointManagerOptions(
       save_decision_policy=_policies.AnySavePolicy(

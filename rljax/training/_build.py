@@ -163,9 +163,11 @@ def init_state(
     # Leaves that init makes from nothing (Adam's step count) land on one
     # device; a multi-host jit needs every argument on the mesh.
     return jax.tree.map(
-      lambda x: x
-      if getattr(x.sharding, "mesh", None) == mesh
-      else jax.device_put(x, replicated),
+      lambda x: (
+        x
+        if getattr(x.sharding, "mesh", None) == mesh
+        else jax.device_put(x, replicated)
+      ),
       tree,
     )
 

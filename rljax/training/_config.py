@@ -95,9 +95,16 @@ class TrainSpec:
 
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
-  """Where results go and how often."""
+  """Where results go and how often.
+
+  Logs, rollouts and plots go to ``directory`` (process 0 writes them).
+  Checkpoints go to ``checkpoint_directory``, ``<directory>/checkpoints`` by
+  default; every host of a multi-host run writes its shards there, so on a
+  pod it must be shared storage, e.g. ``gs://bucket/run/checkpoints``.
+  """
 
   directory: str = "runs/default"
+  checkpoint_directory: Optional[str] = None
   checkpoint_every: int = 0  # 0: no checkpoints
   keep_checkpoints: int = 3
   rollouts_every: int = 10  # JSONL samples of prompts and completions

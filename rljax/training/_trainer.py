@@ -79,6 +79,12 @@ def _check_sizes(config: RunConfig, mesh) -> None:
       f" train.microbatches={t.microbatches}; change either."
     )
   sharding.check_batch("train.prompts_per_step", p, mesh)
+  if "://" in config.output.directory:
+    raise ValueError(
+      f"output.directory={config.output.directory!r}: logs are appended"
+      " locally by process 0, so this must be a local path. Put checkpoints"
+      " on shared storage with output.checkpoint_directory=gs://... instead."
+    )
 
 
 def _mesh(sizes):
@@ -101,8 +107,8 @@ def _mesh(sizes):
 class Trainer:
   """One training run: build everything from a `RunConfig`, then `run()`.
 
-  Resumes from the latest checkpoint in ``output.directory`` when there is
-  one (``resume=False`` starts over). ``algorithm`` trains an `Algorithm`
+  Resumes from the latest checkpoint in the checkpoint directory when there
+  is one (``resume=False`` starts over). ``algorithm`` trains an `Algorithm`
   built in code (a new objective chained from transforms) instead of the
   preset that ``config.algorithm`` names.
   """
@@ -160,7 +166,7 @@ class Trainer:
     )
     self.checkpointer = (
       checkpointing.Checkpointer(
-        self.directory / "checkpoints",
+        c.output.checkpoint_directory or self.directory / "checkpoints",
         keep=c.output.keep_checkpoints,
         save_every=c.output.checkpoint_every,
       )

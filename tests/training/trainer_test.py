@@ -40,6 +40,7 @@ def test_indivisible_batch_fails_before_anything_is_built(tmp_path):
     ("sampler.num_samples=1", "at least 2 samples per prompt"),
     ("train.minibatches=3", "multiple of train.minibatches=3"),
     ("model.source=llama", "model.source='llama' is not one of"),
+    ("output.directory=gs://b/run", "output.checkpoint_directory=gs://"),
   ],
 )
 def test_bad_settings_name_the_field(tmp_path, item, match):
@@ -54,6 +55,8 @@ def test_grpo_runs_and_writes_its_outputs(tmp_path):
     "train.steps=2",
     "output.rollouts_every=1",
     "output.plot=True",
+    "output.checkpoint_every=2",
+    f"output.checkpoint_directory={tmp_path / 'elsewhere'}",
   )
   trainer = Trainer(config)
   summary = trainer.run()
@@ -68,6 +71,8 @@ def test_grpo_runs_and_writes_its_outputs(tmp_path):
   assert {r["step"] for r in rollouts} == {1, 2}
   assert len(rollouts) == 2 * 8 * 4
   assert (tmp_path / "learning_curves.png").stat().st_size > 0
+  assert trainer.checkpointer.all_steps() == [2]
+  assert (tmp_path / "elsewhere" / "2").is_dir()
   report = trainer.dry_run()
   assert report["update_temp_mib"] > 0 and report["parameters"] > 1000
   assert np.isfinite(report["metrics"]["loss"])
