@@ -447,7 +447,8 @@ class Trainer:
       "accuracy": np.sum(values[:, 0] > 0),
       "response_length": mask.sum(),
       "truncated": np.sum(scored.rollout.truncated_PG),
-      # Summed per sample (G each) so that one count divides everything.
+      # Fractions and means weighted by n like the sums above, so that one
+      # count divides everything; kept_groups becomes a count below.
       "kept_groups": num_kept * n / len(self.rows),
       **{k: v * n for k, v in scored.scores.metrics.items()},
     }
