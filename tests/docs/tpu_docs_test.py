@@ -341,9 +341,10 @@ def test_script_commands_on_the_page_dry_run(argv, fake_tools):
       if checkpoints.name == "checkpoints":
         checkpoints = checkpoints.parent
       run_name = flags.get("--run-name", checkpoints.name)
-      assert [
-        a for a in train if "=" in a and not a.startswith("-")
-      ] == [f"output.directory=runs/{run_name}", *overrides]
+      assert [a for a in train if "=" in a and not a.startswith("-")] == [
+        f"output.directory=runs/{run_name}",
+        *overrides,
+      ]
       assert ("nohup" in remote) == ("--detach" in flags)
       assert f"~/rljax-logs/{run_name}.$(hostname).log" in remote
 
@@ -436,9 +437,9 @@ def test_script_commands_on_the_page_dry_run(argv, fake_tools):
       f"--zone={zone}",
     ]
     serve = ["tensorboard", f"--logdir={local}", "--port=6006"]
-    assert commands == (
-      [copy] if "--copy-only" in flags else [copy, serve]
-    ), commands
+    assert commands == ([copy] if "--copy-only" in flags else [copy, serve]), (
+      commands
+    )
 
   else:
     raise AssertionError(f"no expectations for {script}")
