@@ -110,6 +110,13 @@ check_remote_dir() {
   fi
 }
 
+check_run_name() {
+  local value=$1
+  if [[ -n $value && ! $value =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
+    die "--run-name '$value' may hold only letters, digits, '.', '_' and '-', starting with a letter or digit."
+  fi
+}
+
 need_tool() {
   ((DRY_RUN)) && return 0
   command -v "$1" >/dev/null 2>&1 || die "$1 not found on PATH; $2"

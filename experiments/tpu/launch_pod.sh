@@ -103,9 +103,7 @@ require --zone "$ZONE"
 check_name --name "$NAME"
 check_zone "$ZONE"
 check_remote_dir "$REMOTE_DIR"
-if [[ -n $RUN_NAME && ! $RUN_NAME =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
-  die "--run-name '$RUN_NAME' may hold only letters, digits, '.', '_' and '-', starting with a letter or digit."
-fi
+check_run_name "$RUN_NAME"
 need_tool gcloud "install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install)."
 
 WHERE=(--zone="$ZONE")

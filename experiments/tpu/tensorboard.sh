@@ -55,7 +55,6 @@ while [[ $# -gt 0 ]]; do
     --copy-only) COPY_ONLY=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h | --help) usage; exit 0 ;;
-    --logdir) die "the logs are on worker 0 of the pod now: give --name and --zone (and --run-name), not --logdir." ;;
     *) die "unknown argument '$1'." ;;
   esac
 done
@@ -65,9 +64,7 @@ require --zone "$ZONE"
 check_name --name "$NAME"
 check_zone "$ZONE"
 check_remote_dir "$REMOTE_DIR"
-if [[ -n $RUN_NAME && ! $RUN_NAME =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
-  die "--run-name '$RUN_NAME' may hold only letters, digits, '.', '_' and '-', starting with a letter or digit."
-fi
+check_run_name "$RUN_NAME"
 TO=${TO:-runs/$NAME}
 if [[ ! $TO =~ ^[A-Za-z0-9_./-]+$ || $TO == *:* ]]; then
   die "--to '$TO' must be a plain local path (e.g. runs/my-pod)."

@@ -673,10 +673,7 @@ BAD = [
   ),
   ("xpk_workload.sh deploy", "unknown action 'deploy'"),
   ("tensorboard.sh --zone us-west4-a", "--name is required"),
-  (
-    "tensorboard.sh --logdir gs://my-bucket/x",
-    "the logs are on worker 0 of the pod",
-  ),
+  ("tensorboard.sh --logdir gs://my-bucket/x", "unknown argument '--logdir'"),
   (
     "tensorboard.sh --name my-pod --zone us-west4-a --port 99999",
     "is not a port number",
