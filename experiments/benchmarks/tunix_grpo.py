@@ -278,6 +278,9 @@ def tunix_learner(steps: int):
   )
 
 
+PHASES = ("iteration", "rollout", "update")  # timed per side
+
+
 class Interleaved:
   """Tunix's dataset: each batch it hands out first runs one rljax iteration.
 
@@ -336,9 +339,6 @@ class Interleaved:
     )
     cluster.generate = self._timed(cluster.generate, "rollout", model)
     cluster.update_actor = self._timed(cluster.update_actor, "update", model)
-
-
-PHASES = ("iteration", "rollout", "update")
 
 
 def run(iters: int):
