@@ -2,6 +2,7 @@
 
 from collections.abc import Mapping
 import json
+import math
 import os
 import pathlib
 from typing import Any, Optional
@@ -18,9 +19,10 @@ class MetricsLogger:
   Writers, all under ``run_dir``:
 
   * ``metrics.jsonl``, always: one ``{"step": s, "<name>": value, ...}`` line
-    per `log` call, flushed at once (a crash loses nothing logged). The file is
-    appended to, so a resumed run continues it; `read_metrics` merges the
-    records of a repeated step, the newest values winning.
+    per `log` call, flushed at once (a crash loses nothing logged), strict
+    JSON (a NaN or infinite value is written as null). The file is appended
+    to, so a resumed run continues it; `read_metrics` merges the records of a
+    repeated step, the newest values winning.
   * TensorBoard event files (tensorboardX), unless ``tensorboard=False``:
     ``tensorboard --logdir <parent of run_dir>`` compares runs.
   * Weights & Biases when ``wandb`` is True (project "rljax") or a project
@@ -34,6 +36,9 @@ class MetricsLogger:
     tensorboard: write TensorBoard event files.
     wandb: False, True or a W&B project name.
     config: the run configuration, given to W&B.
+    purge_step: a resumed run's first new step: TensorBoard hides the events
+      at this step and after that the interrupted run wrote (tensorboardX's
+      ``purge_step``). The caller truncates ``metrics.jsonl`` itself.
   """
 
   def __init__(
@@ -43,6 +48,7 @@ class MetricsLogger:
     tensorboard: bool = True,
     wandb: bool | str = False,
     config: Optional[Mapping[str, Any]] = None,
+    purge_step: Optional[int] = None,
   ):
     self.run_dir = pathlib.Path(run_dir)
     self.active = jax.process_index() == 0
@@ -61,7 +67,9 @@ class MetricsLogger:
       )
     self._jsonl = open(self.run_dir / "metrics.jsonl", "a")
     if tensorboard:
-      self._tensorboard = SummaryWriter(logdir=str(self.run_dir), flush_secs=10)
+      self._tensorboard = SummaryWriter(
+        logdir=str(self.run_dir), flush_secs=10, purge_step=purge_step
+      )
 
   def log(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Write `metrics` (name -> scalar, jax or numpy or Python) for `step`."""
@@ -70,7 +78,8 @@ class MetricsLogger:
     if not self.active:
       return
     values = to_floats(metrics)
-    self._jsonl.write(json.dumps({"step": int(step), **values}) + "\n")
+    record = {"step": int(step), **strict(values)}
+    self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
     self._jsonl.flush()
     if self._tensorboard is not None:
       for name, value in values.items():
@@ -94,6 +103,11 @@ class MetricsLogger:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+def strict(values: Mapping[str, float]) -> dict[str, Optional[float]]:
+  """`values` with NaN and infinities as None (JSON null): JSON has no NaN."""
+  return {k: v if math.isfinite(v) else None for k, v in values.items()}
 
 
 def _import_wandb() -> Any:

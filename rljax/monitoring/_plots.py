@@ -117,8 +117,12 @@ def plot_runs(
 
 
 def _series(records: list[dict], key: str) -> tuple[list, list]:
-  """(steps, values) of the records that logged `key`."""
-  points = [(r["step"], r[key]) for r in records if key in r]
+  """(steps, values) of the records that logged `key` (null as NaN)."""
+  points = [
+    (r["step"], math.nan if r[key] is None else r[key])
+    for r in records
+    if key in r
+  ]
   return [s for s, _ in points], [v for _, v in points]
 
 

@@ -2,6 +2,7 @@
 
 from collections.abc import Mapping, Sequence
 import json
+import math
 import os
 import pathlib
 from typing import Any, Optional
@@ -16,7 +17,8 @@ _FIELDS = ("step", "prompt", "completion", "reward")
 
 class RolloutWriter:
   """Append one JSON line per sample, ``{step, prompt, completion, reward,
-  **extra}``, at every `every`-th step, from process 0 only.
+  **extra}``, at every `every`-th step, from process 0 only (strict JSON: a
+  NaN or infinite value is written as null).
 
   Args:
     path: the JSONL file (appended to; its directory is created).
@@ -55,7 +57,9 @@ class RolloutWriter:
     rows = _rows(step, prompts, completions, rewards, extra or {})
     self.path.parent.mkdir(parents=True, exist_ok=True)
     with open(self.path, "a") as f:
-      f.writelines(json.dumps(row) + "\n" for row in rows)
+      f.writelines(
+        json.dumps(_strict(row), allow_nan=False) + "\n" for row in rows
+      )
     return True
 
 
@@ -83,6 +87,14 @@ def _rows(step, prompts, completions, rewards, extra) -> list[dict]:
     }
     for i in range(num)
   ]
+
+
+def _strict(row: dict) -> dict:
+  """`row` with NaN and infinite floats as None (JSON null)."""
+  return {
+    k: None if isinstance(v, float) and not math.isfinite(v) else v
+    for k, v in row.items()
+  }
 
 
 def _column(name: str, values: Any, num: int) -> list:

@@ -24,6 +24,7 @@ from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
 from rljax.training._step import update
 from rljax.training._trainer import Trainer
+from rljax.training._validate import validate
 
 __all__ = [
   "AlgorithmSpec",
@@ -46,4 +47,5 @@ __all__ = [
   "load_config",
   "override",
   "update",
+  "validate",
 ]

@@ -8,17 +8,27 @@ import sys
 
 import jax
 
+from rljax._src.errors import UserError
 from rljax.training import _hosts
 from rljax.training._config import RunConfig
 from rljax.training._config import override
+from rljax.training._validate import validate
+
+
+class ConfigNotFoundError(UserError, FileNotFoundError):
+  """The config file does not exist."""
 
 
 def load_config(path: str) -> RunConfig:
   """`get_config()` of a Python config file (its folder joins sys.path, so
-  configs can share a base module)."""
+  configs can share a base module).
+
+  A config file is Python and runs with the caller's rights: it is trusted
+  input, like a training script. Load only configs you wrote or reviewed.
+  """
   file = pathlib.Path(path)
   if not file.is_file():
-    raise FileNotFoundError(
+    raise ConfigNotFoundError(
       f"config file {path!r} not found; see configs/ for examples."
     )
   sys.path.insert(0, str(file.parent.resolve()))
@@ -26,10 +36,10 @@ def load_config(path: str) -> RunConfig:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
-    raise ValueError(f"{path} must define get_config() -> RunConfig.")
+    raise UserError(f"{path} must define get_config() -> RunConfig.")
   config = module.get_config()
   if not isinstance(config, RunConfig):
-    raise ValueError(
+    raise UserError(
       f"{path}: get_config() returned {type(config).__name__}, not RunConfig."
     )
   return config
@@ -52,7 +62,20 @@ def _parser() -> argparse.ArgumentParser:
     help="compile and run one step at the full shapes; report memory",
   )
   parser.add_argument(
-    "--fresh", action="store_true", help="ignore existing checkpoints"
+    "--fresh",
+    action="store_true",
+    help="start over: move a previous run in output.directory (logs and"
+    " checkpoints) aside to <directory>.previous-<time>",
+  )
+  parser.add_argument(
+    "--allow_change",
+    action="append",
+    default=[],
+    metavar="FIELD[,FIELD...]",
+    help="resume although these config fields (fnmatch patterns, e.g."
+    " optim.learning_rate or sampler.*) differ from the checkpoint's;"
+    " logging, evaluation, checkpointing, train.steps and train.mesh may"
+    " always change",
   )
   hosts = parser.add_argument_group(
     "multi-host (one process per host, the same command on every host)"
@@ -77,7 +100,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-  """Entry point; returns the process exit code."""
+  """Entry point; returns the process exit code (2 for a user error).
+
+  A `UserError` (a bad setting, a damaged checkpoint, a directory in use, a
+  non-finite update, ...) prints its message on one line, without a
+  traceback; anything else is a bug in rljax and keeps its traceback.
+  """
+  try:
+    return _main(argv)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+def _main(argv) -> int:
   args = _parser().parse_args(argv)
   # Before anything touches a device (loading the config does not).
   _hosts.initialize(
@@ -86,11 +122,12 @@ def main(argv=None) -> int:
     num_processes=args.num_processes,
     process_id=args.process_id,
   )
-  config = override(load_config(args.config), args.overrides)
+  config = validate(override(load_config(args.config), args.overrides))
   # Imported here so that --help works without initialising JAX.
   from rljax.training._trainer import Trainer
 
-  trainer = Trainer(config, resume=not args.fresh)
+  allowed = [f for item in args.allow_change for f in item.split(",") if f]
+  trainer = Trainer(config, resume=not args.fresh, allow_changes=allowed)
   if args.dry_run:
     report = trainer.dry_run()
     if jax.process_index() == 0:

@@ -9,6 +9,8 @@ import ast
 import dataclasses
 from typing import Any, Optional
 
+from rljax._src.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
@@ -91,6 +93,12 @@ class TrainSpec:
   warm_start_steps: int = 0  # supervised steps on the task before RL
   warm_start_lr: float = 3e-3
   warm_start_batch: int = 64
+  # A NaN or infinite loss, gradient or updated parameter: "stop" raises
+  # NonFiniteError naming the cause (nothing is applied or checkpointed);
+  # "skip" leaves the state unchanged, logs skipped_updates, and stops after
+  # max_skipped_updates skipped steps in a row.
+  nonfinite: str = "stop"
+  max_skipped_updates: int = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +156,7 @@ def _set(node: Any, path: list[str], text: str, full: str) -> Any:
     return {**node, name: _set(node.get(name, {}), path[1:], text, full)}
   fields = {f.name for f in dataclasses.fields(node)}
   if name not in fields:
-    raise ValueError(
+    raise UserError(
       f"override {full!r}: {type(node).__name__} has no field {name!r};"
       f" fields: {sorted(fields)}."
     )
@@ -161,7 +169,7 @@ def _set(node: Any, path: list[str], text: str, full: str) -> Any:
       and not isinstance(value, type(current))
       and not isinstance(current, dict)
     ):
-      raise ValueError(
+      raise UserError(
         f"override {full!r}: expected a {type(current).__name__} for"
         f" {name!r}, got {value!r}."
       )
@@ -180,7 +188,7 @@ def override(config: RunConfig, assignments: list[str]) -> RunConfig:
   """
   for item in assignments:
     if "=" not in item:
-      raise ValueError(f"override {item!r} must look like section.field=value.")
+      raise UserError(f"override {item!r} must look like section.field=value.")
     key, text = item.split("=", 1)
     config = _set(config, key.strip().split("."), text.strip(), item)
   return config

@@ -10,6 +10,16 @@ Each minibatch may be split into ``microbatches`` whose gradients add up to
 exactly the minibatch's: the loss is a `Mean(num, den)`, the denominator does
 not depend on the parameters, so the gradient of the whole is
 sum(grad num) / sum(den).
+
+Every optimizer step is guarded: when the loss, the gradient or the updated
+parameters hold a NaN or an infinity, the step leaves the state as it was
+(parameters, optimizer state, step count) and says so in its metrics
+(``skipped_updates`` and the cause, ``nonfinite_loss`` / ``_grads`` /
+``_params`` / ``_value``), so a non-finite value never reaches the weights or
+a checkpoint; the trainer then stops or skips (``train.nonfinite``). optax's
+`apply_if_finite` is not used: it checks gradients only (a huge learning
+rate makes finite gradients into infinite weights) and applies the bad
+update after ``max_consecutive_errors``.
 """
 
 from typing import Any, NamedTuple, Optional
@@ -188,8 +198,31 @@ def _value_grads(models, spec, params, seqs, batch):
   return _accumulated_grads(loss, params, (seqs, batch), spec.microbatches)
 
 
+def all_finite(tree) -> jax.Array:
+  """True when every floating-point leaf of `tree` is free of NaN and inf."""
+  leaves = [
+    jnp.all(jnp.isfinite(x))
+    for x in jax.tree.leaves(tree)
+    if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+  ]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def _keep_if(ok, new, old):
+  """`new` where `ok`, else `old` (leaf by leaf; `ok` is a scalar bool)."""
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def _flag(bad) -> Mean:
+  return Mean(bad.astype(jnp.float32), jnp.float32(1.0))
+
+
 def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
-  """One optimizer step (policy, and critic if any) on one minibatch."""
+  """One optimizer step (policy, and critic if any) on one minibatch.
+
+  The step is applied only when the loss, the gradient and the new
+  parameters are finite (see the module docstring).
+  """
   policy = state.policy
   grads, den, metrics = _policy_grads(
     models,
@@ -206,12 +239,23 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
   updates, opt_state = models.optimizer.update(
     grads, policy.opt_state, policy.params
   )
-  policy = policy._replace(
+  stepped = policy._replace(
     params=optax.apply_updates(policy.params, updates),
     opt_state=opt_state,
     step=policy.step + 1,
   )
+  loss_ok = all_finite(metrics["loss"].value) if "loss" in metrics else True
+  grads_ok = all_finite(grads)
+  params_ok = all_finite(stepped.params)
+  ok = jnp.logical_and(jnp.logical_and(loss_ok, grads_ok), params_ok)
+  policy = _keep_if(ok, stepped, policy)
+  metrics.update(
+    nonfinite_loss=_flag(~jnp.asarray(loss_ok)),
+    nonfinite_grads=_flag(~grads_ok),
+    nonfinite_params=_flag(~params_ok),
+  )
   value = state.value
+  value_ok = jnp.array(True)
   if value is not None:
     v_grads, v_den, v_metrics = _value_grads(
       models, spec, value.params, seqs, batch
@@ -220,8 +264,12 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
     v_updates, v_opt = models.value_optimizer.update(
       v_grads, value.opt_state, value.params
     )
-    value = ValueState(optax.apply_updates(value.params, v_updates), v_opt)
+    v_params = optax.apply_updates(value.params, v_updates)
+    value_ok = jnp.logical_and(all_finite(v_grads), all_finite(v_params))
+    value = _keep_if(value_ok, ValueState(v_params, v_opt), value)
     metrics.update(v_metrics)
+  metrics["nonfinite_value"] = _flag(~value_ok)
+  metrics["skipped_updates"] = _flag(~jnp.logical_and(ok, value_ok))
   return state._replace(policy=policy, value=value), metrics
 
 

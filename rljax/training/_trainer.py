@@ -11,9 +11,23 @@ Multi-host runs start the same trainer on every host (after
 decodes and scores only the prompts of the rows its devices hold, the
 jitted programs see global arrays (`_hosts`), summaries are summed over
 processes, and only process 0 writes logs, rollouts and plots.
+
+A run either continues correctly or stops with a message saying what to do
+(`rljax._src.errors.UserError`; the CLI prints it in one line):
+
+* the config is checked before any work (`validate`);
+* one run at a time holds the output directory (`_run_dir.lock`); a fresh
+  start (``resume=False``, ``--fresh``) moves a previous run aside;
+* a resumed run restores the newest intact checkpoint, refuses one saved
+  with another config (unless `allow_changes` names the fields), skips the
+  warm start and drops the log records after the restored step;
+* a NaN or infinite loss, gradient or parameter is never applied nor
+  checkpointed; ``train.nonfinite`` stops the run or skips the update.
 """
 
+from collections.abc import Sequence
 import dataclasses
+import fnmatch
 import functools
 import json
 import logging
@@ -36,16 +50,21 @@ from rljax import tasks
 from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import finalize
+from rljax._src.errors import NonFiniteError
+from rljax._src.errors import UserError
 from rljax.training import _build
 from rljax.training import _hosts
 from rljax.training import _rollout
+from rljax.training import _run_dir
 from rljax.training import _warm_start
 from rljax.training._config import RunConfig
 from rljax.training._step import Models
 from rljax.training._step import UpdateSpec
+from rljax.training._step import all_finite
 from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
 from rljax.training._step import update
+from rljax.training._validate import validate
 from rljax.transforms import kept_groups
 
 # Progress-bar labels for the metrics people watch.
@@ -59,41 +78,45 @@ PROGRESS_KEYS = {
 }
 
 
-def _check_sizes(config: RunConfig, mesh) -> None:
-  """Batch-shape errors up front, each naming the setting to change."""
-  t = config.train
-  p = t.prompts_per_step
-  if config.sampler.num_samples < 2:
-    raise ValueError(
-      f"sampler.num_samples={config.sampler.num_samples}: group advantages"
-      " need at least 2 samples per prompt."
-    )
-  if p % t.minibatches:
-    raise ValueError(
-      f"train.prompts_per_step={p} must be a multiple of"
-      f" train.minibatches={t.minibatches}."
-    )
-  if (p // t.minibatches) % t.microbatches:
-    raise ValueError(
-      f"a minibatch of {p // t.minibatches} prompts must split into"
-      f" train.microbatches={t.microbatches}; change either."
-    )
-  sharding.check_batch("train.prompts_per_step", p, mesh)
-  if "://" in config.output.directory:
-    raise ValueError(
-      f"output.directory={config.output.directory!r}: logs are appended"
-      " locally by process 0, so this must be a local path. Put checkpoints"
-      " on shared storage with output.checkpoint_directory=gs://... instead."
-    )
+# Config fields a resumed run may change without changing what it trains:
+# logging, evaluation, checkpoint cadence, the run's length, the mesh
+# (checkpoints restore onto any mesh), and the warm start (not re-run).
+RESUMABLE_CHANGES = (
+  "train.steps",
+  "train.eval_*",
+  "train.mesh",
+  "train.warm_start_*",
+  "train.nonfinite",
+  "train.max_skipped_updates",
+  "output.*",
+)
+
+# Update metrics that flag a non-finite step, and what they name.
+NONFINITE_CAUSES = {
+  "nonfinite_loss": "the policy loss",
+  "nonfinite_grads": "the policy gradient",
+  "nonfinite_params": "the updated policy parameters",
+  "nonfinite_value": "the critic's gradient or parameters",
+}
+
+
+def _from_config(field: str, build, *args, **kwargs):
+  """`build(*args, **kwargs)`, its errors as `UserError`s naming `field`."""
+  try:
+    return build(*args, **kwargs)
+  except UserError:
+    raise
+  except (ValueError, TypeError, ImportError, FileNotFoundError) as e:
+    raise UserError(f"{field}: {e}") from e
 
 
 def _mesh(sizes):
   """The run's mesh; a fully specified one may use fewer than all devices."""
   used = math.prod(sizes)
   if -1 in sizes or used >= jax.device_count():
-    return sharding.make_mesh(*sizes)
+    return _from_config("train.mesh", sharding.make_mesh, *sizes)
   if jax.process_count() > 1:
-    raise ValueError(
+    raise UserError(
       f"train.mesh={sizes} uses {used} of {jax.device_count()} devices; a"
       " multi-host run must use every device of every host (set one axis to"
       " -1)."
@@ -104,13 +127,68 @@ def _mesh(sizes):
   return sharding.make_mesh(*sizes, devices=jax.devices()[:used])
 
 
+def _config_json(config: RunConfig) -> dict:
+  """The config as JSON values (tuples become lists), as checkpoints hold it."""
+  return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """Nested dicts as {"section.field": value}."""
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  if not tree and prefix:
+    return {prefix: tree}
+  out = {}
+  for k, v in tree.items():
+    out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+  return out
+
+
+def _check_same_config(saved, current, allowed, *, step, directory) -> None:
+  """Refuse to resume a checkpoint of a run with another config.
+
+  Fields matching a pattern of `allowed` (fnmatch) may differ.
+  """
+  old, new = _flat(saved), _flat(current)
+  changed = sorted(
+    k
+    for k in set(old) | set(new)
+    if old.get(k, "<unset>") != new.get(k, "<unset>")
+    and not any(fnmatch.fnmatchcase(k, pattern) for pattern in allowed)
+  )
+  if not changed:
+    return
+  listed = ", ".join(
+    f"{k} {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}"
+    for k in changed
+  )
+  raise UserError(
+    f"the checkpoint at step {step} in {directory} was saved by a run with"
+    f" another config ({listed}); resuming would mix two runs. Start over"
+    " with --fresh (the old run is moved aside), give this run another"
+    " output.directory, or accept the change with --allow_change"
+    f" {','.join(changed)}."
+  )
+
+
+def _nonfinite_leaf(tree: Any) -> str:
+  """The key path of the first floating leaf of `tree` with a NaN or inf."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if not bool(jax.jit(all_finite)(leaf)):
+      return jax.tree_util.keystr(path)
+  return "an unknown leaf"
+
+
 class Trainer:
   """One training run: build everything from a `RunConfig`, then `run()`.
 
-  Resumes from the latest checkpoint in the checkpoint directory when there
-  is one (``resume=False`` starts over). ``algorithm`` trains an `Algorithm`
-  built in code (a new objective chained from transforms) instead of the
-  preset that ``config.algorithm`` names.
+  Resumes from the latest intact checkpoint in the checkpoint directory
+  when there is one (``resume=False`` starts over, moving a previous run in
+  the output directory aside). ``algorithm`` trains an `Algorithm` built in
+  code (a new objective chained from transforms) instead of the preset that
+  ``config.algorithm`` names. ``allow_changes`` lists config fields (fnmatch
+  patterns) that may differ from the checkpoint's when resuming, besides
+  `RESUMABLE_CHANGES`.
   """
 
   def __init__(
@@ -119,18 +197,43 @@ class Trainer:
     *,
     resume: bool = True,
     algorithm: Optional[Algorithm] = None,
+    allow_changes: Sequence[str] = (),
   ):
-    self.config = c = config
+    self.config = c = validate(config)
     self.mesh = _mesh(c.train.mesh)
-    _check_sizes(c, self.mesh)
+    _from_config(
+      "train.prompts_per_step",
+      sharding.check_batch,
+      "train.prompts_per_step",
+      c.train.prompts_per_step,
+      self.mesh,
+    )
+    self.allow_changes = (*RESUMABLE_CHANGES, *allow_changes)
+    self.directory = pathlib.Path(c.output.directory)
+    self._writer = jax.process_index() == 0  # logs, rollouts, plots
+    with self._locked():
+      self._build(resume, algorithm)
+
+  def _locked(self):
+    """The output directory's run lock (see `_run_dir.lock`)."""
+    return _run_dir.lock(self.directory, active=self._writer)
+
+  def _build(self, resume: bool, algorithm: Optional[Algorithm]) -> None:
+    """Everything from the config; restores or warm-starts the policy."""
+    c = self.config
+    checkpoints = (
+      c.output.checkpoint_directory or self.directory / "checkpoints"
+    )
+    if not resume:
+      self._clear_previous_run(checkpoints)
     # The rows of each global batch of prompts this process handles.
     self.rows = _hosts.own_rows(self.mesh, c.train.prompts_per_step)
-    self.task = tasks.get(c.task.name, **c.task.kwargs)
-    model, self.tokenizer = _build.build_policy(
-      c.model, self.task.alphabet, c.train.seed
+    self.task = _from_config("task", tasks.get, c.task.name, **c.task.kwargs)
+    model, self.tokenizer = _from_config(
+      "model", _build.build_policy, c.model, self.task.alphabet, c.train.seed
     )
-    self.algorithm = algorithm or algorithms.get(
-      c.algorithm.name, **c.algorithm.kwargs
+    self.algorithm = algorithm or _from_config(
+      "algorithm", algorithms.get, c.algorithm.name, **c.algorithm.kwargs
     )
     self.needs = {
       f: _build.needs_field(self.algorithm, f)
@@ -151,11 +254,27 @@ class Trainer:
       optimizer=opt,
       value_optimizer=None if critic is None else opt,
     )
-    self.directory = pathlib.Path(c.output.directory)
-    self.directory.mkdir(parents=True, exist_ok=True)
     self._iterator = self._dataset(c.train)
     self.start_step = 0
-    self._warm(model)
+    self.skipped_updates = 0  # non-finite updates skipped (train.nonfinite)
+    self._skipped_in_a_row = 0
+    # Made before the warm start: an unwritable checkpoint directory fails
+    # now, and a resumed run restores instead of warm-starting again.
+    self.checkpointer = (
+      checkpointing.Checkpointer(
+        checkpoints,
+        keep=c.output.keep_checkpoints,
+        save_every=c.output.checkpoint_every,
+      )
+      if c.output.checkpoint_every
+      else None
+    )
+    resuming = resume and bool(
+      self.checkpointer and self.checkpointer.all_steps()
+    )
+    self.warm_start_losses = []
+    if not resuming:
+      self._warm(model)
     self.state, self.shardings = _build.init_state(
       model,
       reference=self.needs["ref_logp_PGT"],
@@ -164,16 +283,7 @@ class Trainer:
       algorithm=self.algorithm,
       mesh=self.mesh,
     )
-    self.checkpointer = (
-      checkpointing.Checkpointer(
-        c.output.checkpoint_directory or self.directory / "checkpoints",
-        keep=c.output.keep_checkpoints,
-        save_every=c.output.checkpoint_every,
-      )
-      if c.output.checkpoint_every
-      else None
-    )
-    if resume and self.checkpointer is not None:
+    if resuming:
       self._restore()
     self.spec = UpdateSpec(
       completion_width=c.sampler.max_new_tokens,
@@ -194,6 +304,26 @@ class Trainer:
     self._keep = jax.jit(
       lambda batch, s: kept_groups(self.algorithm.prepare(batch, s)[0])
     )
+
+  def _clear_previous_run(self, checkpoints) -> None:
+    """``resume=False`` (``--fresh``): move a previous run aside so that the
+    two never mix (its checkpoints would block this run's saves, and a later
+    resume would restore them)."""
+    remote = "://" in str(checkpoints)
+    if remote:
+      steps = checkpointing.Checkpointer(checkpoints).all_steps()
+      if steps:
+        raise UserError(
+          f"output.checkpoint_directory={str(checkpoints)!r} holds the"
+          f" checkpoints of a previous run (steps {steps}); a fresh start"
+          " cannot move them aside on remote storage. Delete them, or give"
+          " this run another output.checkpoint_directory."
+        )
+    if self._writer:
+      _run_dir.move_aside(
+        self.directory, None if remote else pathlib.Path(checkpoints)
+      )
+    _hosts.process_sum(np.int32(0))  # every process waits for the move
 
   # --- data -----------------------------------------------------------------
 
@@ -242,31 +372,51 @@ class Trainer:
   # --- checkpoints ----------------------------------------------------------
 
   def _restore(self) -> None:
-    if self.checkpointer.latest_step() is None:
-      return
+    """Resume from the newest intact checkpoint, if its config matches."""
     abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
       self.state,
     )
     restored = self.checkpointer.restore(abstract, restore_data=False)
+    metadata = restored.metadata or {}
+    if "config" in metadata:
+      _check_same_config(
+        metadata["config"],
+        _config_json(self.config),
+        self.allow_changes,
+        step=restored.step,
+        directory=self.checkpointer.directory,
+      )
     self.state = restored.state
-    self._iterator.set_state(restored.metadata["data_state"])
+    self._iterator.set_state(metadata["data_state"])
     self.start_step = restored.step
+    self.skipped_updates = int(metadata.get("skipped_updates", 0))
 
   def save(self, step: int, *, force: bool = False) -> None:
-    """Checkpoint the state and the data position after `step` steps."""
+    """Checkpoint the state and the data position after `step` steps.
+
+    Raises:
+      NonFiniteError: the state holds a NaN or an infinity (an algorithm
+        state made non-finite in `prepare`); nothing is written.
+    """
     if self.checkpointer is None:
       return
+    if not bool(jax.jit(all_finite)(self.state)):
+      raise NonFiniteError(
+        f"step {step}: the train state holds a NaN or an infinity (in "
+        f"{_nonfinite_leaf(self.state)}); it was not checkpointed. The last"
+        " checkpoint is intact: resume from it with a lower"
+        " optim.learning_rate or check the algorithm's hyperparameters."
+      )
     # The data position is the same on every process (see `_dataset`), so
     # it goes in the metadata: a checkpoint resumes on any number of hosts.
     self.checkpointer.save(
       step,
       self.state,
       metadata={
-        "config": json.loads(
-          json.dumps(dataclasses.asdict(self.config), default=str)
-        ),
+        "config": _config_json(self.config),
         "data_state": self._iterator.get_state(),
+        "skipped_updates": self.skipped_updates,
       },
       force=force,
     )
@@ -421,6 +571,7 @@ class Trainer:
       self.state, seqs, batch, jax.random.fold_in(key, 1)
     )
     out = {k: float(v) for k, v in jax.device_get(finalize(metrics)).items()}
+    self._check_finite(step, out)
     # Summary names the progress bar and plots show.
     out["kl"] = out.get("kl_ref", out.get("kl_old", 0.0))
     out["clip_frac"] = out.get("clip_frac_low", 0.0) + out.get(
@@ -430,6 +581,50 @@ class Trainer:
     out["seconds"] = time.perf_counter() - start
     self._last = scored
     return out
+
+  def _check_finite(self, step: int, metrics: dict[str, float]) -> None:
+    """Stop, or count a skip, when the update met a NaN or an infinity.
+
+    The update itself never applies such a step (`rljax.training.update`);
+    here ``train.nonfinite`` decides whether the run goes on.
+    """
+    if not metrics.get("skipped_updates"):
+      self._skipped_in_a_row = 0
+      metrics["skipped_updates"] = float(self.skipped_updates)
+      return
+    t = self.config.train
+    cause = " and ".join(
+      what for key, what in NONFINITE_CAUSES.items() if metrics.get(key)
+    )
+    self.skipped_updates += 1
+    self._skipped_in_a_row += 1
+    metrics["skipped_updates"] = float(self.skipped_updates)
+    advice = (
+      f"Likely causes: a learning rate too high (optim.learning_rate="
+      f"{self.config.optim.learning_rate}), extreme rewards or advantages, or"
+      " a custom objective's NaN. The update was not applied and no"
+      " checkpoint holds it; resume from the last checkpoint with a lower"
+      " optim.learning_rate"
+    )
+    if t.nonfinite == "stop":
+      raise NonFiniteError(
+        f"step {step + 1}: {cause} held a NaN or an infinity. {advice}, or"
+        " set train.nonfinite=skip to skip such updates."
+      )
+    logging.getLogger("rljax").warning(
+      "step %d: %s held a NaN or an infinity; the update was skipped"
+      " (%d in a row, %d in all).",
+      step + 1,
+      cause,
+      self._skipped_in_a_row,
+      self.skipped_updates,
+    )
+    if self._skipped_in_a_row >= t.max_skipped_updates:
+      raise NonFiniteError(
+        f"step {step + 1}: {self._skipped_in_a_row} updates in a row were"
+        f" skipped because {cause} held a NaN or an infinity"
+        f" (train.max_skipped_updates={t.max_skipped_updates}). {advice}."
+      )
 
   def _greedy_rewards(self, scored) -> jax.Array:
     """ReMax's baseline: the reward of each prompt's greedy completion."""
@@ -527,12 +722,33 @@ class Trainer:
   # --- the loop -------------------------------------------------------------
 
   def run(self, *, steps: Optional[int] = None) -> dict[str, Any]:
-    """Train up to ``train.steps`` (or `steps` more); returns a summary."""
+    """Train up to ``train.steps`` (or `steps` more); returns a summary.
+
+    Holds the output directory's run lock throughout. A resumed run first
+    drops the log records after its checkpoint's step (``metrics.jsonl``,
+    ``rollouts.jsonl``; TensorBoard purges them), so repeated steps appear
+    once. Pending checkpoint saves finish even when a step raises.
+    """
+    with self._locked():
+      if self._writer:
+        for name in ("metrics.jsonl", "rollouts.jsonl"):
+          _run_dir.truncate_jsonl(self.directory / name, self.start_step)
+      logger = monitoring.MetricsLogger(
+        self.directory,
+        tensorboard=self.config.output.tensorboard,
+        wandb=self.config.output.wandb,
+        purge_step=self.start_step + 1 if self.start_step else None,
+      )
+      try:
+        return self._run(logger, steps)
+      finally:
+        logger.close()
+        if self.checkpointer is not None:
+          self.checkpointer.wait()
+
+  def _run(self, logger, steps: Optional[int]) -> dict[str, Any]:
     c = self.config
     end = c.train.steps if steps is None else self.start_step + steps
-    logger = monitoring.MetricsLogger(
-      self.directory, tensorboard=c.output.tensorboard, wandb=c.output.wandb
-    )
     rollouts = monitoring.RolloutWriter(
       self.directory / "rollouts.jsonl", every=max(c.output.rollouts_every, 1)
     )
@@ -559,9 +775,8 @@ class Trainer:
     if self.checkpointer is not None:
       self.save(end, force=True)
       self.checkpointer.wait()
-    logger.close()
     plot = None
-    if c.output.plot and jax.process_index() == 0:
+    if c.output.plot and self._writer:
       plot = monitoring.plot_learning_curves(
         self.directory / "metrics.jsonl",
         self.directory / "learning_curves.png",

@@ -39,7 +39,7 @@ def test_indivisible_batch_fails_before_anything_is_built(tmp_path):
   [
     ("sampler.num_samples=1", "at least 2 samples per prompt"),
     ("train.minibatches=3", "multiple of train.minibatches=3"),
-    ("model.source=llama", "model.source='llama' is not one of"),
+    ("model.source=llama", "model.source='llama': must be one of"),
     ("output.directory=gs://b/run", "output.checkpoint_directory=gs://"),
   ],
 )

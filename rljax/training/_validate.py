@@ -1,0 +1,241 @@
+"""Check a `RunConfig` before any work: one line per error, naming the fix.
+
+`validate` runs in the CLI right after the overrides and again at the top of
+`Trainer.__init__`, before the model, the warm start or the sampler are
+built, so a typo costs no compile time. Each rule names the field, the value
+it got, the range it needs and, where one helps, what to set instead.
+Settings that depend on the devices (the batch over the mesh) are checked
+where the mesh is made (`Trainer`).
+"""
+
+import math
+from typing import Any
+
+from rljax._src.errors import UserError
+from rljax.training._config import RunConfig
+
+_SOURCES = "'scratch', 'smollm2', 'gguf:<path>' or 'hf:<directory>'"
+_DTYPES = ("float32", "bfloat16", "float16")
+_SCHEDULES = ("auto", "dense", "chunked", "pallas_tpu", "pallas_gpu")
+_NONFINITE = ("stop", "skip")
+
+
+def _fail(field: str, value: Any, need: str, fix: str = "") -> None:
+  raise UserError(f"{field}={value!r}: {need}." + (f" {fix}" if fix else ""))
+
+
+def _int(field: str, value: Any, minimum: int, fix: str = "") -> None:
+  if isinstance(value, bool) or not isinstance(value, int):
+    _fail(field, value, "must be an int", fix)
+  if value < minimum:
+    _fail(field, value, f"must be >= {minimum}", fix)
+
+
+def _number(field: str, value: Any) -> float:
+  if isinstance(value, bool) or not isinstance(value, int | float):
+    _fail(field, value, "must be a number")
+  if not math.isfinite(value):
+    _fail(field, value, "must be finite")
+  return float(value)
+
+
+def _positive(field: str, value: Any, fix: str = "") -> None:
+  if _number(field, value) <= 0:
+    _fail(field, value, "must be > 0", fix)
+
+
+def _in(field: str, value: Any, low: float, high: float, closed: str) -> None:
+  """low < value < high, with the ends named in `closed` ("[", "]") included."""
+  x = _number(field, value)
+  ok_low = x >= low if "[" in closed else x > low
+  ok_high = x <= high if "]" in closed else x < high
+  if not (ok_low and ok_high):
+    left = "[" if "[" in closed else "("
+    right = "]" if "]" in closed else ")"
+    _fail(field, value, f"must be in {left}{low}, {high}{right}")
+
+
+def _model(m) -> None:
+  if not isinstance(m.source, str) or not (
+    m.source in ("scratch", "smollm2") or m.source.startswith(("gguf:", "hf:"))
+  ):
+    _fail("model.source", m.source, f"must be one of {_SOURCES}")
+  for name in (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "scan_unroll",
+  ):
+    _int(f"model.{name}", getattr(m, name), 1)
+  if m.hidden_size % m.num_heads:
+    _fail(
+      "model.hidden_size",
+      m.hidden_size,
+      f"must be a multiple of model.num_heads={m.num_heads}",
+    )
+  if m.num_heads % m.num_kv_heads:
+    _fail(
+      "model.num_kv_heads",
+      m.num_kv_heads,
+      f"must divide model.num_heads={m.num_heads} (grouped-query attention)",
+    )
+  if m.dtype not in _DTYPES:
+    _fail("model.dtype", m.dtype, f"must be one of {_DTYPES}")
+  if m.logprob_schedule not in _SCHEDULES:
+    _fail(
+      "model.logprob_schedule",
+      m.logprob_schedule,
+      f"must be one of {_SCHEDULES}",
+    )
+
+
+def _task(t) -> None:
+  if not isinstance(t.name, str) or not t.name:
+    _fail("task.name", t.name, "must be a task name, e.g. 'arithmetic'")
+  if not isinstance(t.kwargs, dict):
+    _fail("task.kwargs", t.kwargs, "must be a dict")
+  _int("task.max_prompt_tokens", t.max_prompt_tokens, 1)
+
+
+def _sampler(s) -> None:
+  _int(
+    "sampler.num_samples",
+    s.num_samples,
+    2,
+    "Group advantages need at least 2 samples per prompt.",
+  )
+  _int("sampler.max_new_tokens", s.max_new_tokens, 1)
+  _positive(
+    "sampler.temperature",
+    s.temperature,
+    "Sampling needs a positive temperature (greedy decoding is for"
+    " evaluation only).",
+  )
+  if s.top_k is not None:
+    _int("sampler.top_k", s.top_k, 1, "Use None to sample from every token.")
+  if s.top_p is not None:
+    _in("sampler.top_p", s.top_p, 0.0, 1.0, "]")
+
+
+def _algorithm(a) -> None:
+  if not isinstance(a.name, str) or not a.name:
+    _fail("algorithm.name", a.name, "must be a preset name, e.g. 'grpo'")
+  if not isinstance(a.kwargs, dict):
+    _fail("algorithm.kwargs", a.kwargs, "must be a dict")
+  if a.value_eps is not None:
+    _positive("algorithm.value_eps", a.value_eps, "Use None for plain MSE.")
+
+
+def _optim(o) -> None:
+  _positive(
+    "optim.learning_rate",
+    o.learning_rate,
+    "The demo configs use 2e-4.",
+  )
+  _int("optim.warmup_steps", o.warmup_steps, 0)
+  if _number("optim.weight_decay", o.weight_decay) < 0:
+    _fail("optim.weight_decay", o.weight_decay, "must be >= 0")
+  _in("optim.b1", o.b1, 0.0, 1.0, "[")
+  _in("optim.b2", o.b2, 0.0, 1.0, "[")
+  _positive(
+    "optim.grad_clip",
+    o.grad_clip,
+    "It is the global-norm clip; 0 would scale every gradient to NaN. Use"
+    " e.g. 1.0, or a large value such as 1e9 to clip almost never.",
+  )
+
+
+def _train(t) -> None:
+  _int("train.steps", t.steps, 0)
+  _int("train.prompts_per_step", t.prompts_per_step, 1)
+  _int("train.epochs", t.epochs, 1)
+  _int("train.minibatches", t.minibatches, 1)
+  _int("train.microbatches", t.microbatches, 1)
+  _int("train.max_refills", t.max_refills, 0)
+  _int("train.seed", t.seed, 0)
+  _int(
+    "train.eval_every", t.eval_every, 0, "Use 0 to evaluate only at the ends."
+  )
+  _int("train.eval_prompts", t.eval_prompts, 1)
+  _int("train.eval_samples", t.eval_samples, 1)
+  _int("train.warm_start_steps", t.warm_start_steps, 0)
+  if t.warm_start_steps:
+    _positive("train.warm_start_lr", t.warm_start_lr)
+    _int("train.warm_start_batch", t.warm_start_batch, 1)
+  _int("train.max_skipped_updates", t.max_skipped_updates, 1)
+  if t.nonfinite not in _NONFINITE:
+    _fail("train.nonfinite", t.nonfinite, f"must be one of {_NONFINITE}")
+  mesh = t.mesh
+  if (
+    not isinstance(mesh, tuple)
+    or len(mesh) != 3
+    or any(isinstance(n, bool) or not isinstance(n, int) for n in mesh)
+    or any(n == 0 or n < -1 for n in mesh)
+    or sum(n == -1 for n in mesh) > 1
+  ):
+    _fail(
+      "train.mesh",
+      mesh,
+      "must be three ints (data, fsdp, tensor), each >= 1 or one of them -1"
+      " (the remaining devices)",
+      "For example train.mesh=(-1,1,1).",
+    )
+  if t.prompts_per_step % t.minibatches:
+    _fail(
+      "train.prompts_per_step",
+      t.prompts_per_step,
+      f"must be a multiple of train.minibatches={t.minibatches}",
+    )
+  if (t.prompts_per_step // t.minibatches) % t.microbatches:
+    _fail(
+      "train.microbatches",
+      t.microbatches,
+      f"must divide a minibatch of {t.prompts_per_step // t.minibatches}"
+      " prompts (train.prompts_per_step / train.minibatches); change either",
+    )
+
+
+def _output(o) -> None:
+  if not isinstance(o.directory, str) or not o.directory:
+    _fail("output.directory", o.directory, "must be a directory path")
+  if "://" in o.directory:
+    _fail(
+      "output.directory",
+      o.directory,
+      "must be a local path: logs are appended locally by process 0",
+      "Put checkpoints on shared storage with"
+      " output.checkpoint_directory=gs://... instead.",
+    )
+  _int("output.checkpoint_every", o.checkpoint_every, 0, "0 turns them off.")
+  _int("output.keep_checkpoints", o.keep_checkpoints, 1)
+  _int("output.rollouts_every", o.rollouts_every, 0, "0 turns them off.")
+
+
+def validate(config: RunConfig) -> RunConfig:
+  """Raise `UserError` at the first bad setting of `config`; return it.
+
+  Args:
+    config: a run configuration (after overrides).
+
+  Returns:
+    `config`, unchanged.
+
+  Raises:
+    UserError: names the field, the value and the valid range or the fix.
+  """
+  if not isinstance(config, RunConfig):
+    raise UserError(
+      f"expected a RunConfig; got {type(config).__name__}. Config files"
+      " define get_config() -> RunConfig."
+    )
+  _model(config.model)
+  _task(config.task)
+  _sampler(config.sampler)
+  _algorithm(config.algorithm)
+  _optim(config.optim)
+  _train(config.train)
+  _output(config.output)
+  return config
