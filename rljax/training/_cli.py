@@ -114,7 +114,8 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-  args = _parser().parse_args(argv)
+  # Flags may come between overrides (`... --fresh train.steps=2`).
+  args = _parser().parse_intermixed_args(argv)
   # Before anything touches a device (loading the config does not).
   _hosts.initialize(
     args.distributed,
