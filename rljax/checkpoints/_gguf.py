@@ -7,6 +7,11 @@ weights are ``[out_features, in_features]`` (GGUF's ``ne`` order reversed,
 which is how ``gguf.GGUFReader`` already exposes them), quantized types are
 dequantized with ``gguf.quants.dequantize`` and llama.cpp's RoPE row
 permutation of Q and K is undone for the llama architecture.
+
+Reading checks the file: a truncated, damaged or foreign file, missing or
+malformed metadata, an integer or unmapped tensor and a NaN or inf weight
+(after dequantization) each raise one `CheckpointError` naming the file and
+the tensor.
 """
 
 import os
@@ -15,9 +20,16 @@ from typing import Any, NamedTuple
 import gguf
 import numpy as np
 
-from rljax.checkpoints._hf import config_from_hf
-from rljax.checkpoints._hf import model_from_tensors
+from rljax._src.errors import CheckpointError
+from rljax.checkpoints._hf import CheckpointNotFoundError
+from rljax.checkpoints._hf import MissingTensorError
+from rljax.checkpoints._hf import _config_from_hf
+from rljax.checkpoints._hf import _model
+from rljax.checkpoints._hf import _Where
+from rljax.checkpoints._hf import count_nonfinite
 from rljax.models._transformer import Transformer
+
+_FIX = "Re-download the GGUF file or convert it again."
 
 # general.architecture -> (HF model_type, HF architectures entry).
 _ARCHITECTURES = {
@@ -47,6 +59,17 @@ _LAYER_TENSORS = {
   "ffn_down": "mlp.down_proj",
 }
 
+_HF_GLOBAL = {hf: stem for stem, hf in _GLOBAL_TENSORS.items()}
+_HF_LAYER = {hf: stem for stem, hf in _LAYER_TENSORS.items()}
+
+# GGML types that hold integers, not (quantized) weights.
+_INTEGER_TYPES = {
+  gguf.GGMLQuantizationType.I8,
+  gguf.GGMLQuantizationType.I16,
+  gguf.GGMLQuantizationType.I32,
+  gguf.GGMLQuantizationType.I64,
+}
+
 # HF config key -> (GGUF key under "{arch}.", default; None means required).
 _CONFIG_KEYS = {
   "hidden_size": ("embedding_length", None),
@@ -57,6 +80,25 @@ _CONFIG_KEYS = {
   "rope_theta": ("rope.freq_base", 10_000.0),  # llama.cpp's default
   "max_position_embeddings": ("context_length", None),
 }
+
+# GGML types that hold unquantized floats.
+_FLOAT_TYPES = {
+  gguf.GGMLQuantizationType.F16,
+  gguf.GGMLQuantizationType.BF16,
+  gguf.GGMLQuantizationType.F32,
+  gguf.GGMLQuantizationType.F64,
+}
+
+# HF config keys that must be integers.
+_SIZES = (
+  "hidden_size",
+  "intermediate_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "num_key_value_heads",
+  "head_dim",
+  "max_position_embeddings",
+)
 
 # HF rope_scaling key -> GGUF key under "{arch}.rope.scaling.".
 _ROPE_SCALING_KEYS = {
@@ -98,18 +140,38 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
     A ``GGUFCheckpoint(config, tensors)``.
 
   Raises:
-    FileNotFoundError: ``path`` does not exist.
-    ValueError: unsupported architecture, a missing hyperparameter, or a
-      tensor with no HF equivalent (e.g. llama-3 ``rope_freqs.weight``).
+    CheckpointNotFoundError: ``path`` does not exist (a `CheckpointError`
+      and a `FileNotFoundError`).
+    CheckpointError: an empty, truncated, damaged or non-GGUF file, an
+      unsupported architecture, a missing or malformed hyperparameter, a
+      tensor with no HF equivalent (e.g. llama-3 ``rope_freqs.weight``) or of
+      an integer type, or a NaN or inf weight (after dequantization). The
+      message names the file and the tensor.
 
   References:
     llama.cpp ``convert_hf_to_gguf.py`` (``LlamaModel.permute``);
     transformers ``modeling_gguf_pytorch_utils.py`` (``LlamaTensorProcessor``).
   """
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"GGUF file not found: {os.fspath(path)!r}")
-  reader = gguf.GGUFReader(path)
-  config = _config(reader)
+  return _read(os.fspath(path), check_finite=True)
+
+
+def _read(path: str, *, check_finite: bool) -> GGUFCheckpoint:
+  """`read_gguf`; `check_finite=False` leaves NaN/inf to the caller."""
+  reader = _open(path)
+  try:
+    config = _config(reader, path)
+  except CheckpointError:
+    raise
+  except (
+    AttributeError,
+    IndexError,
+    KeyError,
+    TypeError,
+    ValueError,
+    ZeroDivisionError,
+  ) as e:
+    # A value of the wrong type (a string head count) or 0 heads.
+    raise CheckpointError(f"{path} has malformed metadata ({e}). {_FIX}") from e
   # Only llama.cpp's LlamaModel converter permutes Q/K; qwen2/qwen3 do not.
   permuted = {}
   if config["model_type"] == "llama":
@@ -117,29 +179,122 @@ def read_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
       "attn_q": config["num_attention_heads"],
       "attn_k": config["num_key_value_heads"],
     }
-  tensors = dict(_hf_tensor(t, permuted) for t in reader.tensors)
+  tensors = dict(
+    _hf_tensor(t, permuted, path, check_finite) for t in reader.tensors
+  )
+  if "model.embed_tokens.weight" not in tensors:
+    raise MissingTensorError(
+      f"{path} has no tensor 'token_embd.weight' (model.embed_tokens.weight);"
+      f" the file is incomplete. {_FIX}"
+    )
   config["vocab_size"] = tensors["model.embed_tokens.weight"].shape[0]
   config["tie_word_embeddings"] = "lm_head.weight" not in tensors
   return GGUFCheckpoint(config, tensors)
 
 
-def _config(reader: gguf.GGUFReader) -> dict[str, Any]:
+class _ShortRead(Exception):
+  """A read past the end of a GGUF file.
+
+  Attributes:
+    offset: where the read started.
+    tensor: the tensor whose data was read, if it was tensor data.
+  """
+
+  def __init__(self, offset: int):
+    super().__init__(offset)
+    self.offset = offset
+    self.tensor = None
+
+
+class _Reader(gguf.GGUFReader):
+  """A `gguf.GGUFReader` that raises `_ShortRead` on reading past the end.
+
+  The stock reader slices its memmap past the end, which silently gives a
+  short array, and then fails later with an unrelated reshape or index error.
+  """
+
+  def _get(self, offset, dtype, count=1, *args, **kwargs):
+    if int(offset) + np.dtype(dtype).itemsize * int(count) > self.data.size:
+      raise _ShortRead(int(offset))
+    return super()._get(offset, dtype, count, *args, **kwargs)
+
+  def _build_tensors(self, start_offs, fields):
+    try:
+      super()._build_tensors(start_offs, fields)
+    except _ShortRead as e:
+      # A tensor info field's last part is its data offset.
+      starts = {start_offs + int(f.parts[-1][0]): f.name for f in fields}
+      e.tensor = starts.get(e.offset)
+      raise
+
+
+def _open(path: str) -> gguf.GGUFReader:
+  """A reader of the GGUF file `path`, or a `CheckpointError` saying why not."""
+  if os.path.isdir(path):
+    raise CheckpointError(
+      f"{path} is a directory, not a GGUF file; load a Hugging Face"
+      " checkpoint directory with rljax.checkpoints.load_hf."
+    )
+  if not os.path.isfile(path):
+    raise CheckpointNotFoundError(
+      f"GGUF file not found: {path!r}; check the path."
+    )
+  try:
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+      head = f.read(9)
+  except OSError as e:
+    raise CheckpointError(f"{path} cannot be read: {e}") from e
+  if size == 0:
+    raise CheckpointError(f"{path} is empty. {_FIX}")
+  if head[:4] != b"GGUF":
+    # A safetensors file: an 8-byte header length, then a JSON object.
+    if head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < size:
+      raise CheckpointError(
+        f"{path} is a safetensors file, not GGUF; load its directory (with"
+        " config.json) with rljax.checkpoints.load_hf."
+      )
+    raise CheckpointError(
+      f"{path} is not a GGUF file (it does not start with the bytes 'GGUF');"
+      f" it is damaged or of another format. {_FIX}"
+    )
+  try:
+    return _Reader(path)
+  except _ShortRead as e:
+    part = "its header" if e.tensor is None else f"tensor {e.tensor!r}"
+    raise CheckpointError(
+      f"{path} is truncated or damaged: {part} runs past the end of the file"
+      f" ({size} bytes). {_FIX}"
+    ) from e
+  except Exception as e:
+    # gguf's reader fails on damaged bytes in many ways (ValueError,
+    # KeyError, OverflowError, UnicodeDecodeError, ...).
+    raise CheckpointError(
+      f"{path} is damaged: gguf cannot parse it ({type(e).__name__}: {e})."
+      f" {_FIX}"
+    ) from e
+
+
+def _config(reader: gguf.GGUFReader, path: str) -> dict[str, Any]:
   """Translates the GGUF metadata into a transformers config dict."""
   get = lambda key, default=None: (
     default if (f := reader.get_field(key)) is None else f.contents()
   )
   arch = get("general.architecture")
   if arch not in _ARCHITECTURES:
-    raise ValueError(
-      f"Unsupported GGUF general.architecture {arch!r}; supported values are"
-      f" {sorted(_ARCHITECTURES)}."
+    raise CheckpointError(
+      f"{path}: unsupported GGUF general.architecture {arch!r}; supported"
+      f" values are {sorted(_ARCHITECTURES)}."
     )
   model_type, hf_class = _ARCHITECTURES[arch]
   config = {"architectures": [hf_class], "model_type": model_type}
   for hf_key, (key, default) in _CONFIG_KEYS.items():
     config[hf_key] = _number(get(f"{arch}.{key}", default))
     if config[hf_key] is None:
-      raise ValueError(f"GGUF file lacks the required key '{arch}.{key}'.")
+      raise CheckpointError(
+        f"{path} lacks the required metadata key '{arch}.{key}'. {_FIX}"
+      )
+  _check_sizes(config, path, arch)
   # Both default from the head count, as in llama.cpp's hparams loader.
   config["num_key_value_heads"] = get(
     f"{arch}.attention.head_count_kv", config["num_attention_heads"]
@@ -148,6 +303,7 @@ def _config(reader: gguf.GGUFReader) -> dict[str, Any]:
     f"{arch}.attention.key_length",
     config["hidden_size"] // config["num_attention_heads"],
   )
+  _check_sizes(config, path, arch)
   config["bos_token_id"] = get("tokenizer.ggml.bos_token_id")
   config["eos_token_id"] = get("tokenizer.ggml.eos_token_id")
   prefix = f"{arch}.rope.scaling."
@@ -160,12 +316,27 @@ def _config(reader: gguf.GGUFReader) -> dict[str, Any]:
   return config
 
 
+def _check_sizes(config: dict[str, Any], path: str, arch: str) -> None:
+  """Raise unless the sizes in `config` so far are integers (heads > 0)."""
+  for key in _SIZES:
+    value = config.get(key)
+    # Heads divide and split tensors here; `ModelConfig` checks the rest.
+    least = 1 if key.endswith("heads") else 0
+    if key in config and (type(value) is not int or value < least):
+      raise CheckpointError(
+        f"{path} has malformed metadata: {key} (from the GGUF keys under"
+        f" '{arch}.') is {value!r}, not an integer >= {least}. {_FIX}"
+      )
+
+
 def _number(value: Any) -> Any:
   """Rounds a float32-stored float to its shortest decimal (1e-05 not 9.99e-06)."""
   return float(str(np.float32(value))) if isinstance(value, float) else value
 
 
-def _hf_tensor(tensor, permuted: dict[str, int]) -> tuple[str, np.ndarray]:
+def _hf_tensor(
+  tensor, permuted: dict[str, int], path: str, check_finite: bool
+) -> tuple[str, np.ndarray]:
   """Dequantizes one GGUF tensor; returns its HF name and float32 value."""
   stem, _, suffix = tensor.name.rpartition(".")
   parts = stem.split(".")
@@ -176,17 +347,58 @@ def _hf_tensor(tensor, permuted: dict[str, int]) -> tuple[str, np.ndarray]:
   else:
     hf_stem = None
   if hf_stem is None or suffix not in ("weight", "bias"):
-    raise ValueError(
-      f"GGUF tensor {tensor.name!r} has no Hugging Face equivalent."
+    raise CheckpointError(
+      f"{path}: GGUF tensor {tensor.name!r} has no Hugging Face equivalent;"
+      " rljax reads llama, qwen2 and qwen3 weights only."
+    )
+  kind = tensor.tensor_type.name
+  if tensor.tensor_type in _INTEGER_TYPES:
+    raise CheckpointError(
+      f"{path}: tensor {tensor.name!r} has type {kind}; weights must be"
+      f" floating point or quantized. {_FIX}"
     )
   # A plain ndarray view dequantizes 2x faster than the np.memmap subclass.
-  weights = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+  try:
+    weights = gguf.quants.dequantize(
+      np.asarray(tensor.data), tensor.tensor_type
+    )
+  except (NotImplementedError, ValueError) as e:
+    raise CheckpointError(
+      f"{path}: tensor {tensor.name!r} of type {kind} cannot be dequantized"
+      f" ({type(e).__name__}: {e}); re-download the file, or convert the"
+      " model to a type that gguf reads, such as Q8_0 or F16."
+    ) from e
   if not weights.flags.writeable:  # F32 comes back as a view of the file.
     weights = weights.copy()
   weights = weights.astype(np.float32, copy=False)
+  if check_finite and (bad := count_nonfinite(weights)):
+    raise CheckpointError(
+      f"{path}: tensor {tensor.name!r} has non-finite entries (NaN or inf):"
+      f" {bad} of {weights.size} (stored as {kind}"
+      f"{'' if tensor.tensor_type in _FLOAT_TYPES else ', dequantized'});"
+      f" training from it would diverge. {_FIX}"
+    )
   if parts[-1] in permuted:
-    weights = _unpermute(weights, permuted[parts[-1]])
+    heads = permuted[parts[-1]]
+    if not weights.shape or weights.shape[0] % (2 * heads):
+      raise CheckpointError(
+        f"{path}: tensor {tensor.name!r} has shape {weights.shape}, which"
+        f" does not split into {heads} heads of even size. {_FIX}"
+      )
+    weights = _unpermute(weights, heads)
   return f"{hf_stem}.{suffix}", weights
+
+
+def _gguf_name(hf_name: str) -> str:
+  """The GGUF name of an HF tensor name (the inverse of `_hf_tensor`)."""
+  stem, _, suffix = hf_name.rpartition(".")
+  if stem in _HF_GLOBAL:
+    return f"{_HF_GLOBAL[stem]}.{suffix}"
+  parts = stem.split(".", 3)  # model, layers, i, rest
+  if len(parts) == 4 and parts[:2] == ["model", "layers"]:
+    if parts[3] in _HF_LAYER:
+      return f"blk.{parts[2]}.{_HF_LAYER[parts[3]]}.{suffix}"
+  return hf_name
 
 
 def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -198,10 +410,23 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
 def load_gguf(path: str | os.PathLike, **overrides) -> Transformer:
   """A `Transformer` from a llama/qwen2/qwen3 GGUF file (see `read_gguf`).
 
+  Every tensor is checked once, after dequantization and the cast to the
+  parameter dtype: its presence, shape and that every entry is finite.
+
   Args:
     path: the ``.gguf`` file; quantized tensors are dequantized to float32.
     **overrides: `ModelConfig` fields to set, e.g. ``dtype="bfloat16"``.
+
+  Returns:
+    The model, every parameter from the file.
+
+  Raises:
+    CheckpointNotFoundError: ``path`` does not exist.
+    CheckpointError: as `read_gguf`, and for a missing tensor or one of the
+      wrong shape; the message names the file and the GGUF tensor.
   """
-  checkpoint = read_gguf(path)
-  config = config_from_hf(checkpoint.config, **overrides)
-  return model_from_tensors(config, checkpoint.tensors)
+  path = os.fspath(path)
+  checkpoint = _read(path, check_finite=False)  # checked once, below
+  config = _config_from_hf(checkpoint.config, f"{path} metadata", **overrides)
+  where = _Where(checkpoint=path, rename=_gguf_name, fix=_FIX)
+  return _model(config, checkpoint.tensors, where)

@@ -2,9 +2,17 @@
 
 HF stores linear weights as [out, in]; rljax stores them [in, out] with heads
 split out, e.g. q_proj [D, H, K]. The table below is the whole mapping.
+
+Loading checks everything it reads: a damaged, truncated or foreign file, a
+malformed config.json, a missing, misshapen or non-float tensor and a NaN or
+inf weight each raise one `CheckpointError` that names the file and the
+tensor and says what to do.
 """
 
+from collections.abc import Callable, Mapping
+import dataclasses
 import json
+import math
 import os
 import pathlib
 import struct
@@ -16,6 +24,7 @@ import ml_dtypes
 import numpy as np
 import safetensors.numpy
 
+from rljax._src.errors import CheckpointError
 from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._transformer import Transformer
@@ -45,7 +54,20 @@ _LAYER = {
 }
 
 
-def _rope(hf: dict[str, Any]) -> tuple[float, Any]:
+_REDOWNLOAD = "Re-download the checkpoint or export it again."
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+  """A checkpoint file or directory does not exist."""
+
+
+class MissingTensorError(CheckpointError, KeyError):
+  """A checkpoint lacks a tensor the model needs."""
+
+  __str__ = BaseException.__str__  # KeyError's would quote the message.
+
+
+def _rope(hf: dict[str, Any], where: str) -> tuple[float, Any]:
   """rope theta and scaling from either config.json style."""
   params = hf.get("rope_parameters") or {}  # transformers >= 5
   theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
@@ -54,26 +76,44 @@ def _rope(hf: dict[str, Any]) -> tuple[float, Any]:
   if kind in (None, "default"):
     return theta, None
   if kind != "llama3":
-    raise ValueError(
-      f"config.json rope_type {kind!r} is not supported; supported: default, llama3."
+    raise CheckpointError(
+      f"{where} rope_type {kind!r} is not supported; supported: default,"
+      " llama3."
     )
+  keys = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+  )
   return theta, RopeScaling(
-    factor=scaling["factor"],
-    low_freq_factor=scaling["low_freq_factor"],
-    high_freq_factor=scaling["high_freq_factor"],
-    original_max_position_embeddings=scaling[
-      "original_max_position_embeddings"
-    ],
+    **{key: _require(scaling, key, f"{where} rope_scaling") for key in keys}
   )
 
 
-def _require(hf: dict[str, Any], key: str) -> Any:
+def _require(hf: dict[str, Any], key: str, where: str) -> Any:
   if hf.get(key) is None:
-    raise ValueError(f"config.json is missing the required key {key!r}.")
+    raise CheckpointError(
+      f"{where} is missing the required key {key!r}; re-download it or"
+      " export the checkpoint again."
+    )
   return hf[key]
 
 
-def _unsupported(hf: dict[str, Any], family: str) -> None:
+def _size(hf: dict[str, Any], key: str, where: str, default=None) -> int:
+  """hf[key] (required unless `default` is given), a positive integer."""
+  value = _require(hf, key, where) if default is None else hf.get(key)
+  if value is None:  # JSON null or absent: the family's default
+    return default
+  if type(value) is not int or value <= 0:
+    raise CheckpointError(
+      f"{where} {key}={value!r} is not a positive integer; fix it, or"
+      " re-download it or export the checkpoint again."
+    )
+  return value
+
+
+def _unsupported(hf: dict[str, Any], family: str, where: str) -> None:
   """Raise for config.json features this decoder does not implement."""
   # Llama's and Qwen3's `attention_bias` also puts a bias on o_proj, which
   # this decoder lacks; silently dropping it would give wrong logits.
@@ -85,8 +125,8 @@ def _unsupported(hf: dict[str, Any], family: str) -> None:
   }
   for key, present in features.items():
     if present:
-      raise ValueError(
-        f"config.json {key}={hf[key]!r} is not supported by rljax's"
+      raise CheckpointError(
+        f"{where} {key}={hf[key]!r} is not supported by rljax's"
         f" {family} decoder."
       )
 
@@ -96,32 +136,68 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
 
   Accepts both rope styles (top-level ``rope_theta``/``rope_scaling`` and
   transformers-5 ``rope_parameters``); missing optional keys take the
-  transformers defaults of the family. ``overrides`` (e.g. ``dtype``) are
-  passed to `ModelConfig`.
+  transformers defaults of the family.
+
+  Args:
+    hf: the parsed config.json.
+    **overrides: `ModelConfig` fields to set, e.g. ``dtype="bfloat16"``.
+
+  Returns:
+    The model's `ModelConfig`.
+
+  Raises:
+    CheckpointError: an unsupported architecture or feature, a missing
+      required key or a value of the wrong type or range.
   """
+  return _config_from_hf(hf, "config.json", **overrides)
+
+
+def _config_from_hf(hf: Any, where: str, **overrides) -> ModelConfig:
+  """`config_from_hf`, naming `where` (a file) in its errors."""
+  if not isinstance(hf, dict):
+    raise CheckpointError(
+      f"{where} holds a JSON {type(hf).__name__}, not an object; the file is"
+      " damaged: re-download it or export the checkpoint again."
+    )
+  try:
+    config = ModelConfig(**_config_fields(hf, where))
+  except CheckpointError:
+    raise
+  except (AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
+    # A value of the wrong type or range (a string head count, 0 heads).
+    raise CheckpointError(
+      f"{where} has an invalid value ({e}); fix it, or re-download it or"
+      " export the checkpoint again."
+    ) from e
+  # Outside the try: a bad override is the caller's error, not the file's.
+  return dataclasses.replace(config, **overrides) if overrides else config
+
+
+def _config_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
+  """`ModelConfig` keyword arguments from a config.json dict."""
   arch = (hf.get("architectures") or [None])[0]
   if arch not in ARCHITECTURES:
-    raise ValueError(
-      f"config.json architectures {hf.get('architectures')!r} is not"
+    raise CheckpointError(
+      f"{where} architectures {hf.get('architectures')!r} is not"
       f" supported; supported: {sorted(ARCHITECTURES)}."
     )
   family = ARCHITECTURES[arch]
-  _unsupported(hf, family)
-  theta, scaling = _rope(hf)
+  _unsupported(hf, family, where)
+  theta, scaling = _rope(hf, where)
   hidden, heads = (
-    _require(hf, "hidden_size"),
-    _require(hf, "num_attention_heads"),
+    _size(hf, "hidden_size", where),
+    _size(hf, "num_attention_heads", where),
   )
   # transformers' Qwen3Config defaults head_dim to 128, the others derive it.
   head_dim = 128 if family == "qwen3" else hidden // heads
-  return ModelConfig(
-    vocab_size=_require(hf, "vocab_size"),
+  return dict(
+    vocab_size=_size(hf, "vocab_size", where),
     hidden_size=hidden,
-    intermediate_size=_require(hf, "intermediate_size"),
-    num_layers=_require(hf, "num_hidden_layers"),
+    intermediate_size=_size(hf, "intermediate_size", where),
+    num_layers=_size(hf, "num_hidden_layers", where),
     num_heads=heads,
-    num_kv_heads=hf.get("num_key_value_heads") or heads,
-    head_dim=hf.get("head_dim") or head_dim,
+    num_kv_heads=_size(hf, "num_key_value_heads", where, heads),
+    head_dim=_size(hf, "head_dim", where, head_dim),
     rope_theta=theta,
     rope_scaling=scaling,
     rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -131,7 +207,6 @@ def config_from_hf(hf: dict[str, Any], **overrides) -> ModelConfig:
     max_position_embeddings=hf.get(
       "max_position_embeddings", 2048 if family == "llama" else 32768
     ),
-    **overrides,
   )
 
 
@@ -179,21 +254,86 @@ def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
   return shape
 
 
-def _get(tensors, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-  """Tensor `name` in `dtype`, checked against the HF `shape`."""
+@dataclasses.dataclass(frozen=True)
+class _Where:
+  """Where HF-named tensors come from, for error messages.
+
+  Attributes:
+    checkpoint: the checkpoint as a whole (a file, a directory's shards).
+    files: HF tensor name -> the file that holds it (else `checkpoint`).
+    rename: HF tensor name -> its name in the file, when that differs.
+    fix: what to do about a damaged tensor.
+  """
+
+  checkpoint: str = "checkpoint"
+  files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  rename: Callable[[str], str] = str
+  fix: str = _REDOWNLOAD
+
+  def name(self, name: str) -> str:
+    """`name` as the file spells it (and as HF does, when they differ)."""
+    own = self.rename(name)
+    return repr(name) if own == name else f"{own!r} ({name})"
+
+  def tensor(self, name: str) -> str:
+    """The tensor `name` as ``<file>: tensor '<name>'``."""
+    file = self.files.get(name, self.checkpoint)
+    return f"{file}: tensor {self.name(name)}"
+
+
+def _is_float(dtype: np.dtype) -> bool:
+  return dtype.kind == "f" or dtype == ml_dtypes.bfloat16
+
+
+def count_nonfinite(w: np.ndarray) -> int:
+  """How many entries of the float array `w` are NaN or infinite.
+
+  A finite sum proves every entry finite (NaN and inf propagate through
+  it), so the mask that counts them is only built when the sum is not finite:
+  a NaN, an inf, or finite values whose sum overflows.
+  """
+  acc = np.float32 if w.dtype.itemsize < 4 else w.dtype
+  if np.isfinite(np.sum(w, dtype=acc)):
+    return 0
+  return int(w.size - np.count_nonzero(np.isfinite(w)))
+
+
+def _get(tensors, name: str, shape, dtype, where: _Where) -> np.ndarray:
+  """Tensor `name` in `dtype`, checked against the HF `shape` and for
+  NaN/inf (after the cast: what the model will hold)."""
   if name not in tensors:
-    raise KeyError(f"checkpoint is missing tensor {name!r}.")
+    raise MissingTensorError(
+      f"{where.checkpoint} has no tensor {where.name(name)}; the file is"
+      f" incomplete or does not match the config. {where.fix}"
+    )
+  value = tensors[name]
+  if not hasattr(value, "dtype"):
+    value = np.asarray(value)
+  source = np.dtype(value.dtype)
+  if not _is_float(source):
+    raise CheckpointError(
+      f"{where.tensor(name)} has dtype {source}; weights must be floating"
+      f" point. {where.fix}"
+    )
+  if tuple(np.shape(value)) != tuple(shape):
+    raise CheckpointError(
+      f"{where.tensor(name)} has shape {tuple(np.shape(value))}; the config"
+      f" expects {tuple(shape)}, so the file does not match its config."
+      f" {where.fix}"
+    )
   # Cast on the host straight to the parameter dtype: a bfloat16 model never
   # holds a float32 copy of the checkpoint.
-  w = np.asarray(tensors[name], dtype)
-  if w.shape != tuple(shape):
-    raise ValueError(
-      f"tensor {name!r} has shape {w.shape}; the config expects {tuple(shape)}."
+  w = np.asarray(value, dtype)
+  if bad := count_nonfinite(w):
+    raise CheckpointError(
+      f"{where.tensor(name)} has non-finite entries (NaN or inf): {bad} of"
+      f" {w.size}{'' if source == w.dtype else f' as {w.dtype}'}; training"
+      f" from it would diverge. {where.fix}"
     )
   return w
 
 
-def _unused(tensors, used: set[str], tied: bool) -> None:
+def _unused(tensors, used: set[str], tied: bool, where: _Where) -> None:
   """Raise for tensors the model has no place for (e.g. an o_proj bias)."""
   # Old checkpoints store RoPE tables; tied ones may repeat the embedding.
   ignored = {"lm_head.weight"} if tied else set()
@@ -203,21 +343,34 @@ def _unused(tensors, used: set[str], tied: bool) -> None:
     if n not in used and n not in ignored and not n.endswith("inv_freq")
   )
   if extra:
-    raise ValueError(
-      f"checkpoint has tensors the config has no place for: {extra[:5]}"
-      f"{' ...' if len(extra) > 5 else ''} (check config.json)."
+    names = ", ".join(where.name(n) for n in extra[:5])
+    raise CheckpointError(
+      f"{where.checkpoint} has tensors the config has no place for: [{names}"
+      f"{' ...' if len(extra) > 5 else ''}] (check config.json)."
     )
 
 
 def load_hf_tensors(model: Transformer, tensors: dict[str, np.ndarray]) -> None:
-  """Copy HF-named tensors into `model` (in place), checking every name.
+  """Copy HF-named tensors into `model` (in place), checking every tensor.
 
-  Raises KeyError naming a missing tensor, and ValueError for a tensor of the
-  wrong shape or one the model has no parameter for.
+  Args:
+    model: the model to fill (e.g. built with `nnx.eval_shape`).
+    tensors: HF parameter name -> array.
+
+  Raises:
+    MissingTensorError: a tensor is missing (a `CheckpointError` and a
+      `KeyError`).
+    CheckpointError: a tensor has the wrong shape, a non-float dtype or NaN
+      or inf entries, or the model has no parameter for it.
   """
+  _fill(model, tensors, _Where())
+
+
+def _fill(model: Transformer, tensors, where: _Where) -> None:
+  """`load_hf_tensors`, naming files and tensors as `where` says."""
   c = model.config
   dtype = jax.numpy.dtype(c.param_dtype)
-  get = lambda name, shape: _get(tensors, name, shape, dtype)
+  get = lambda name, shape: _get(tensors, name, shape, dtype, where)
   used = {"model.embed_tokens.weight", "model.norm.weight"}
   model.embed.set_value(
     jax.numpy.asarray(get("model.embed_tokens.weight", model.embed.shape))
@@ -238,7 +391,7 @@ def load_hf_tensors(model: Transformer, tensors: dict[str, np.ndarray]) -> None:
     used.update(names)
     stacked = np.stack([_to_rljax(kind, get(n, shape), c) for n in names])
     param.set_value(jax.numpy.asarray(stacked))
-  _unused(tensors, used, c.tie_embeddings)
+  _unused(tensors, used, c.tie_embeddings, where)
 
 
 def hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
@@ -309,29 +462,134 @@ _DTYPES = {
 }
 
 
+def _safetensors_header(path: pathlib.Path) -> tuple[dict[str, Any], int, int]:
+  """The JSON header of a safetensors file, its length and the file's size."""
+  damaged = f"the file is damaged or truncated. {_REDOWNLOAD}"
+  try:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+      head = f.read(8)
+      if head[:4] == b"GGUF":
+        raise CheckpointError(
+          f"{path} is a GGUF file, not safetensors; load it with"
+          " rljax.checkpoints.load_gguf, or move it out of the directory."
+        )
+      if size < 8:
+        raise CheckpointError(
+          f"{path} is {'empty' if size == 0 else f'only {size} bytes long'};"
+          f" a safetensors file starts with an 8-byte header length, so {damaged}"
+        )
+      (n,) = struct.unpack("<Q", head)
+      if n > size - 8:
+        raise CheckpointError(
+          f"{path} declares a {n}-byte header but holds only {size - 8} bytes"
+          f" after the length: it is not a safetensors file, or {damaged}"
+        )
+      raw = f.read(n)
+  except OSError as e:
+    raise CheckpointError(f"{path} cannot be read: {e}") from e
+  try:
+    header = json.loads(raw)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise CheckpointError(
+      f"{path} has a header that is not valid JSON ({e}): it is not a"
+      f" safetensors file, or {damaged}"
+    ) from e
+  if not isinstance(header, dict):
+    raise CheckpointError(
+      f"{path} has a JSON {type(header).__name__} as its header, not an"
+      f" object: it is not a safetensors file, or {damaged}"
+    )
+  return header, n, size
+
+
+def _entry(path: pathlib.Path, name: str, info: Any) -> tuple[Any, ...]:
+  """(numpy dtype, shape, begin, end) of one header entry, checked."""
+  if not (
+    isinstance(info, dict)
+    and isinstance(info.get("dtype"), str)
+    and isinstance(shape := info.get("shape"), list)
+    and all(type(d) is int and d >= 0 for d in shape)
+    and isinstance(offsets := info.get("data_offsets"), list)
+    and len(offsets) == 2
+    and all(type(o) is int for o in offsets)
+    and 0 <= offsets[0] <= offsets[1]
+  ):
+    raise CheckpointError(
+      f"{path}: tensor {name!r} has a malformed header entry"
+      f" {str(info)[:100]}; the file is damaged. {_REDOWNLOAD}"
+    )
+  if info["dtype"] not in _DTYPES:
+    raise CheckpointError(
+      f"{path}: tensor {name!r} has dtype {info['dtype']}; supported:"
+      f" {sorted(_DTYPES)}. Export the checkpoint again in float32, bfloat16"
+      " or float16."
+    )
+  dtype = np.dtype(_DTYPES[info["dtype"]])
+  begin, end = offsets
+  if end - begin != math.prod(shape) * dtype.itemsize:
+    raise CheckpointError(
+      f"{path}: tensor {name!r} is {end - begin} bytes long, but shape"
+      f" {tuple(shape)} of {info['dtype']} needs"
+      f" {math.prod(shape) * dtype.itemsize}; the file is damaged."
+      f" {_REDOWNLOAD}"
+    )
+  return dtype, tuple(shape), begin, end
+
+
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
-  """Memory-mapped tensors of one file, bfloat16 included.
+  """Memory-mapped tensors of one file, bfloat16 included, header checked.
 
   `safetensors.numpy` cannot represent bfloat16, the dtype of most
-  published checkpoints, so the (simple) format is read directly.
+  published checkpoints, so the (simple) format is read directly: an 8-byte
+  little-endian header length, a JSON header, then the tensor data.
+
+  Raises:
+    CheckpointError: the file is unreadable, truncated, not safetensors, or
+      its header is malformed or has a dtype other than a float.
   """
-  with open(path, "rb") as f:
-    (n,) = struct.unpack("<Q", f.read(8))
-    header = json.loads(f.read(n))
-  data = np.memmap(path, np.uint8, "r", offset=8 + n)
-  out = {}
-  for name, info in header.items():
-    if name == "__metadata__":
-      continue
-    if info["dtype"] not in _DTYPES:
-      raise ValueError(
-        f"{path}: tensor {name!r} has dtype {info['dtype']}; supported:"
-        f" {sorted(_DTYPES)}."
-      )
-    begin, end = info["data_offsets"]
-    flat = data[begin:end].view(_DTYPES[info["dtype"]])
-    out[name] = flat.reshape(info["shape"])
-  return out
+  header, n, size = _safetensors_header(path)
+  entries = {
+    name: _entry(path, name, info)
+    for name, info in header.items()
+    if name != "__metadata__"
+  }
+  data_size = size - 8 - n
+  cut = [(e[2], name) for name, e in entries.items() if e[3] > data_size]
+  if cut:
+    expected = 8 + n + max(e[3] for e in entries.values())
+    others = f" and {len(cut) - 1} more lie" if len(cut) > 1 else " lies"
+    raise CheckpointError(
+      f"{path} is truncated: it has {size} bytes, its header describes"
+      f" {expected}; tensor {min(cut)[1]!r}{others} past its end."
+      f" {_REDOWNLOAD}"
+    )
+  if data_size == 0:  # np.memmap cannot map nothing
+    data = np.zeros(0, np.uint8)
+  else:
+    data = np.memmap(path, np.uint8, "r", offset=8 + n, shape=(data_size,))
+  return {
+    name: data[begin:end].view(dtype).reshape(shape)
+    for name, (dtype, shape, begin, end) in entries.items()
+  }
+
+
+def _read_config(path: pathlib.Path) -> Any:
+  """The parsed config.json at `path`."""
+  if not path.is_file():
+    raise CheckpointNotFoundError(
+      f"{path} not found: a Hugging Face checkpoint directory needs"
+      " config.json and *.safetensors files."
+    )
+  try:
+    return json.loads(path.read_bytes())
+  except OSError as e:
+    raise CheckpointError(f"{path} cannot be read: {e}") from e
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise CheckpointError(
+      f"{path} is not valid JSON ({e}); the file is damaged: re-download it"
+      " or export the checkpoint again."
+    ) from e
 
 
 def load_hf(
@@ -339,28 +597,47 @@ def load_hf(
 ) -> Transformer:
   """A `Transformer` from a directory with config.json and *.safetensors.
 
+  Every tensor is checked as it is read: its presence, shape, dtype and that
+  every entry is finite.
+
   Args:
     directory: a transformers checkpoint directory (shards are merged).
     rngs: unused: every weight comes from the files, so the model is built
       abstractly (no random init, no compile); kept for compatibility.
     **overrides: `ModelConfig` fields to set, e.g. ``dtype="bfloat16"``.
+
+  Returns:
+    The model, every parameter from the files.
+
+  Raises:
+    CheckpointNotFoundError: config.json or every *.safetensors file is
+      missing (a `CheckpointError` and a `FileNotFoundError`).
+    CheckpointError: a damaged, truncated or foreign file, a malformed or
+      unsupported config.json, or a tensor that is missing, of the wrong
+      shape or dtype, or not finite. The message names the file and tensor.
   """
   del rngs
   path = pathlib.Path(directory)
   config_path = path / "config.json"
-  if not config_path.is_file():
-    raise FileNotFoundError(
-      f"{config_path} not found: a Hugging Face checkpoint directory needs"
-      " config.json and *.safetensors files."
-    )
-  config = config_from_hf(json.loads(config_path.read_text()), **overrides)
+  config = _config_from_hf(
+    _read_config(config_path), str(config_path), **overrides
+  )
   files = sorted(path.glob("*.safetensors"))
   if not files:
-    raise FileNotFoundError(f"no *.safetensors files in {path}.")
-  tensors = {}
+    raise CheckpointNotFoundError(
+      f"no *.safetensors files in {path}; re-download the checkpoint or"
+      " export it again."
+    )
+  tensors, owner = {}, {}
   for f in files:
-    tensors.update(_read_safetensors(f))
-  return model_from_tensors(config, tensors)
+    read = _read_safetensors(f)
+    tensors.update(read)
+    owner.update(dict.fromkeys(read, str(f)))
+  where = _Where(
+    checkpoint=str(files[0]) if len(files) == 1 else f"{path}/*.safetensors",
+    files=owner,
+  )
+  return _model(config, tensors, where)
 
 
 def model_from_tensors(
@@ -369,10 +646,26 @@ def model_from_tensors(
   """A `Transformer` whose every weight comes from HF-named `tensors`.
 
   The model is built abstractly (no random init, nothing compiled), then
-  filled by `load_hf_tensors`, which checks every name and shape.
+  filled by `load_hf_tensors`, which checks every name, shape, dtype and
+  that every entry is finite.
+
+  Args:
+    config: the model's config.
+    tensors: HF parameter name -> array.
+
+  Returns:
+    The model.
+
+  Raises:
+    CheckpointError: as `load_hf_tensors`.
   """
+  return _model(config, tensors, _Where())
+
+
+def _model(config: ModelConfig, tensors, where: _Where) -> Transformer:
+  """`model_from_tensors`, naming files and tensors as `where` says."""
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-  load_hf_tensors(model, tensors)  # sets every parameter
+  _fill(model, tensors, where)  # sets every parameter
   return model
 
 
