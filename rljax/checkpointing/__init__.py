@@ -1,9 +1,11 @@
-"""Training checkpoints: atomic, keep-N, asynchronous saves over orbax.
+"""Training checkpoints: atomic, keep-N, asynchronous and verified, over orbax.
 
 `Checkpointer` saves the train state (any pytree of arrays, sharded or not,
 typed PRNG keys included), the data-iterator state and a metadata dict per
-step, and restores them onto any mesh. `keys_to_data` and `data_to_keys` are
-the typed-key conversion it applies (typed keys are stored as key data).
+step with the checksums of its files, and restores them onto any mesh,
+falling back past damaged steps (listed in `Restored.skipped`).
+`keys_to_data` and `data_to_keys` are the typed-key conversion it applies
+(typed keys are stored as key data).
 """
 
 from rljax.checkpointing._checkpointer import Checkpointer

@@ -1,7 +1,7 @@
-"""Atomic, keep-N, asynchronous training checkpoints over orbax.
+"""Atomic, keep-N, asynchronous, verified training checkpoints over orbax.
 
 One checkpoint is one step directory ``<directory>/<step>/`` with up to three
-items:
+items and a checksum manifest:
 
 * ``state``: the train-state pytree (params, optax state, algorithm state,
   step, PRNG keys), written by orbax's `StandardCheckpointHandler` (OCDBT
@@ -10,22 +10,57 @@ items:
   ``process_<i>-of-<n>.json`` (grain's own naming), because each process reads
   its own shard of the data.
 * ``metadata``: a JSON dict (the run config, ...), written by process 0.
+* ``rljax_checksums.json``: the size and SHA-256 of every file of the items.
+  orbax and tensorstore verify nothing in the array data (a flipped bit loads
+  silently), so process 0 hashes the files once they are all written, in
+  orbax's background thread, just before orbax commits the step.
 
-Atomicity is orbax's: a save writes ``<step>.orbax-checkpoint-tmp``
-and renames it to ``<step>`` only when every item and every process has
-finished. A save killed part-way leaves the tmp directory, which
-`latest_step`, `all_steps` and `restore` never see and which the next
-`Checkpointer` on the directory deletes.
+Guarantees:
+
+* Atomicity is orbax's: a save writes ``<step>.orbax-checkpoint-tmp`` and
+  renames it to ``<step>`` (with its ``commit_success.txt`` and checksums)
+  only when every item and every process has finished. A save killed
+  part-way, or one that failed (a full disk), leaves the tmp directory, which
+  `latest_step`, `all_steps` and `restore` never see and which the next
+  `Checkpointer` on the directory deletes; keep-N deletes nothing for it.
+* Only committed step directories count: a stray ``<directory>/7`` (made by
+  hand, or by an interrupted copy) is not a step, does not become the latest
+  and does not stop `save` from writing step 7 (an empty one is replaced; one
+  holding files is never overwritten: `save` raises `CheckpointError`).
+* `restore` verifies a step before loading it (sizes and checksums, every
+  item present, orbax's own read errors) and, without an explicit step, falls
+  back to the newest intact one: each step skipped is logged as one warning
+  line on the "rljax" logger and listed in `Restored.skipped`. The first save
+  after such a fallback deletes the damaged steps it supersedes. With nothing
+  intact, or a damaged explicit step, it raises one-line `CheckpointError`.
+  A checkpoint without checksums (saved before they existed) restores with a
+  warning. A state whose structure differs from the checkpoint's (a changed
+  model or algorithm) is not damage: `CheckpointError` at once.
+* An unwritable or full local directory fails in `Checkpointer(...)`, and a
+  save that fails for lack of space (or permission) raises one-line
+  `CheckpointError` naming the step, directory and cause, at `wait`, the next
+  `save` or `close`.
 
 Multi-process runs (one process per host): create the `Checkpointer` and call
-`save`, `restore`, `wait` and `close` on every process. orbax refuses to save
-host-local arrays (for example a scalar step placed on one local device): keep
-every array in `state` a global `jax.Array` (built on the global mesh, e.g. with
-`jax.make_array_from_process_local_data`) or a numpy/Python value.
+`save`, `restore`, `wait` and `close` on every process. Every process verifies
+the same files on restore (so each reads the whole checkpoint once more, about
+1 GB/s per process); they reach the same verdict unless a read fails on one
+host only. orbax refuses to save host-local arrays (for example a scalar step
+placed on one local device): keep every array in `state` a global `jax.Array`
+(built on the global mesh, e.g. with `jax.make_array_from_process_local_data`)
+or a numpy/Python value.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+import concurrent.futures
+import dataclasses
+import errno
+import hashlib
+import json
+import logging
 import os
+import re
+import tempfile
 from typing import Any, NamedTuple, Optional
 
 from etils import epath
@@ -34,11 +69,42 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rljax._src import checks
+from rljax._src.errors import CheckpointError
 from rljax.checkpointing import _json
 from rljax.checkpointing import _keys
 
 PyTree = Any
 _policies = ocp.checkpoint_managers
+_log = logging.getLogger("rljax")
+
+_CHECKSUMS = "rljax_checksums.json"
+_COMMITTED = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # orbax's commit marker
+_TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX
+# Step-level files orbax writes after the checksums (commit time and marker).
+_UNHASHED = frozenset({_CHECKSUMS, _COMMITTED, "_CHECKPOINT_METADATA"})
+_TREE_METADATA = "_METADATA"  # orbax's pytree metadata file in ``state/``
+_STEP_NAME = re.compile(r"0|[1-9][0-9]*")
+_CHUNK = 1 << 20
+# Errors of the storage, not of rljax: the user can fix them.
+_STORAGE_ERRNOS = frozenset(
+  {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EIO,
+  }
+)
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+# OS errors on reading a checkpoint that mean damage (not, say, EACCES).
+_LOST = frozenset({errno.ENOENT, errno.EIO, errno.ENOTDIR, errno.EISDIR})
+# How tensorstore reports an OS error and a damaged or missing file.
+_TS_OS_ERROR = re.compile(r"os_error_code='?([0-9]+)")
+_TS_DAMAGE = re.compile(
+  r"(DATA_LOSS|NOT_FOUND|OUT_OF_RANGE|FAILED_PRECONDITION): "
+)
+_TS_DETAILS = re.compile(r"\s*\[(tensorstore_spec|source locations)=.*", re.S)
 
 
 class Restored(NamedTuple):
@@ -52,12 +118,48 @@ class Restored(NamedTuple):
       (``iterator.set_state(data_state)`` resumes it), or None if none was
       saved or it was not asked for.
     metadata: the metadata dict given to `save`, or None.
+    skipped: the newer steps `restore` passed over, newest first, as
+      ``(step, reason)`` with a one-line reason (a damaged file, a missing
+      item, a directory that is no finished checkpoint); each was also logged
+      as a warning. Empty when the latest step was restored.
   """
 
   step: int
   state: PyTree
   data_state: Optional[Any]
   metadata: Optional[dict]
+  skipped: tuple[tuple[int, str], ...] = ()
+
+
+class _Damaged(Exception):
+  """A step directory that cannot be restored; `reason` is one line."""
+
+  def __init__(self, reason: str):
+    super().__init__(reason)
+    self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommittedSteps(ocp.step.NameFormat):
+  """orbax's standard step names, counting only committed step directories.
+
+  orbax lists every directory named like a step, so a stray ``mkdir 7`` would
+  be the latest step (blocking saves up to 7 and counting against keep-N).
+  """
+
+  base: Any = dataclasses.field(default_factory=ocp.step.standard_name_format)
+
+  def build_name(self, step: int) -> str:
+    return self.base.build_name(step)
+
+  def find_all(self, base_path: epath.PathLike) -> Iterator[Any]:
+    return (m for m in self.base.find_all(base_path) if _committed(m.path))
+
+  def find_step(self, base_path: epath.PathLike, step: int) -> Any:
+    found = self.base.find_step(base_path, step)
+    if not _committed(found.path):
+      raise ValueError(f"{found.path} is not a committed checkpoint.")
+    return found
 
 
 class Checkpointer:
@@ -68,7 +170,7 @@ class Checkpointer:
     ckpt = Checkpointer(run_dir / "checkpoints", keep=3, save_every=100)
     ckpt.save(step, state, data_state=iterator.get_state(), metadata=config)
     ...
-    restored = ckpt.restore(abstract_state)  # the latest step
+    restored = ckpt.restore(abstract_state)  # the newest intact step
     iterator.set_state(restored.data_state)
 
   `save` returns at once when ``async_save`` (device arrays are copied to host
@@ -83,6 +185,10 @@ class Checkpointer:
     save_every: `save` writes only at steps that are multiples of it (and at a
       preemption signal on TPU), unless ``force=True``.
     async_save: write in the background.
+
+  Raises:
+    CheckpointError: a local `directory` cannot be created or written (a
+      read-only file system, no permission, no space left).
   """
 
   def __init__(
@@ -97,12 +203,19 @@ class Checkpointer:
     if keep is not None:
       checks.positive(keep=keep)
     # URLs (gs://bucket/run: the shared storage of a multi-host run) go to
-    # orbax as they are; local paths are made absolute.
+    # orbax as they are; local paths are made absolute and probed.
     directory = str(directory)
-    if "://" not in directory:
+    self._local = "://" not in directory
+    if self._local:
       directory = os.path.abspath(directory)
+      _probe(directory)
     self.directory = epath.Path(directory)
+    self._async = async_save
     self._data_file = f"process_{jax.process_index()}-of-{jax.process_count()}"
+    self._names = _CommittedSteps()
+    self._saving: Optional[int] = None  # the step of the save in flight
+    self._superseded: dict[int, str] = {}  # damaged steps a save replaces
+    self._failure: Optional[BaseException] = None  # a failed save, reported
     options = ocp.CheckpointManagerOptions(
       save_decision_policy=_policies.AnySavePolicy(
         [
@@ -111,7 +224,14 @@ class Checkpointer:
         ]
       ),
       preservation_policy=_policies.LatestN(keep),
-      enable_async_checkpointing=async_save,
+      # Always async (a synchronous save is a save and a wait): the checksums
+      # are written by orbax's post-finalization callback, which only async
+      # checkpointers run.
+      enable_async_checkpointing=True,
+      async_options=ocp.AsyncOptions(
+        post_finalization_callback=self._write_checksums
+      ),
+      step_name_format=self._names,
       cleanup_tmp_directories=True,
     )
     self._manager = ocp.CheckpointManager(
@@ -137,6 +257,9 @@ class Checkpointer:
       registry.add(item, restore, handler)
     return registry
 
+  def _step_dir(self, step: int) -> epath.Path:
+    return self.directory / self._names.build_name(step)
+
   def save(
     self,
     step: int,
@@ -147,6 +270,9 @@ class Checkpointer:
     force: bool = False,
   ) -> bool:
     """Save a checkpoint for `step` if `save_every` (or `force`) says so.
+
+    The first call after a `restore` that skipped damaged steps deletes them:
+    the run goes on from the restored step and its new saves replace them.
 
     Args:
       step: the training step (>= 0); later saves need larger steps.
@@ -159,29 +285,106 @@ class Checkpointer:
 
     Returns:
       Whether a checkpoint was started: False when `save_every` skips the
-      step, and always for a step not after the latest saved one.
+      step, and always for a step not after the latest finished one.
+
+    Raises:
+      CheckpointError: the previous save (or this one, without
+        ``async_save``) failed for lack of space or permission; or a
+        directory that is not a finished checkpoint holds files where this
+        step's checkpoint would go.
     """
     checks.non_negative(step=step)
+    self._delete_superseded()
     latest = self.latest_step()
     if latest is not None and step <= latest:
       return False
     if not force and not self._manager.should_save(step):
       return False
+    self.wait()
+    self._clear_stray(step)
     items = {"state": ocp.args.StandardSave(_storable(state))}
     if data_state is not None:
       items["data"] = ocp.args.JsonSave(_json.encode(data_state, "data_state"))
     if metadata is not None:
       items["metadata"] = ocp.args.JsonSave(_json.encode(metadata, "metadata"))
-    return self._manager.save(
-      step, args=ocp.args.Composite(**items), force=True
-    )
+    self._saving = step
+    try:
+      started = self._manager.save(
+        step, args=ocp.args.Composite(**items), force=True
+      )
+    except Exception as e:
+      self._saving = None
+      error = self._save_error(step, e)
+      if error is None:
+        raise
+      raise error from e
+    if not started:
+      self._saving = None
+    elif not self._async:
+      self.wait()
+    return started
+
+  def _delete_superseded(self) -> None:
+    """Delete the damaged steps a fallback `restore` passed over."""
+    superseded, self._superseded = self._superseded, {}
+    for step, reason in sorted(superseded.items()):
+      if step in self._manager.all_steps():
+        _log.warning(
+          "Deleting the damaged checkpoint of step %d in %s (%s): the run "
+          "resumed from an earlier step and saves it anew.",
+          step,
+          self.directory,
+          reason,
+        )
+        self._manager.delete(step)
+
+  def _clear_stray(self, step: int) -> None:
+    """Remove an empty stray directory where `step` goes; refuse a full one."""
+    path = self._step_dir(step)
+    if not self._local or not path.exists():
+      return
+    try:
+      os.rmdir(path)  # only if empty
+    except FileNotFoundError:  # another process removed it
+      pass
+    except OSError as e:
+      raise CheckpointError(
+        f"{path} is not a finished checkpoint (it has no {_COMMITTED}) but "
+        f"holds files ({e.strerror}), so the checkpoint of step {step} cannot "
+        f"take its place: move it out of {self.directory} or delete it, then "
+        "resume."
+      ) from e
+
+  def _write_checksums(self) -> None:
+    """Write the step's checksum manifest (orbax's background thread).
+
+    orbax calls it on process 0 when every process has written every item,
+    just before it commits the step, so the manifest is part of the atomic
+    step directory.
+    """
+    final = self._step_dir(self._saving)
+    tmp = final.parent / (final.name + _TMP_SUFFIX)
+    root = tmp if tmp.exists() else final  # GCS: orbax writes in place
+    files = _files(root)
+    digests = _digests(files)
+    manifest = {
+      "algorithm": "sha256",
+      "files": {
+        rel: [path.stat().length, digests[rel]]
+        for rel, path in sorted(files.items())
+      },
+    }
+    (root / _CHECKSUMS).write_text(json.dumps(manifest, indent=1))
 
   def latest_step(self) -> Optional[int]:
-    """The largest step of a finished checkpoint, or None if there is none."""
+    """The largest step of a committed checkpoint, or None if there is none.
+
+    Committed is not intact: `restore` verifies, and may fall back.
+    """
     return max(self._manager.all_steps(), default=None)
 
   def all_steps(self) -> list[int]:
-    """The steps of all finished checkpoints kept, ascending."""
+    """The steps of all committed checkpoints kept, ascending."""
     return sorted(self._manager.all_steps())
 
   def restore(
@@ -190,53 +393,98 @@ class Checkpointer:
     step: Optional[int] = None,
     *,
     restore_data: bool = True,
+    check_metadata: Optional[Callable[[int, dict], None]] = None,
   ) -> Restored:
     """Restore a checkpoint onto the shardings of `abstract_state`.
 
     Each array is read straight into the sharding its abstract leaf names, so
     a state saved on one mesh restores onto any other (8 devices -> 1, or a
-    different mesh shape).
+    different mesh shape). The step's files are verified first (sizes and
+    SHA-256 checksums); by default the newest intact step is restored and each
+    newer one skipped is logged (a warning on the "rljax" logger) and listed
+    in `Restored.skipped`.
 
     Args:
       abstract_state: the target pytree: `jax.ShapeDtypeStruct` leaves with a
         ``sharding`` (e.g. ``jax.eval_shape`` of the init function with
         shardings attached), or concrete arrays whose shapes, dtypes and
         shardings to use; numpy and Python leaves restore as such.
-      step: the step to restore; the latest by default.
+      step: the step to restore, with no fallback; the newest intact one by
+        default.
       restore_data: also restore this process's data-iterator state. Set it
         False to resume on a different number of processes (the data pipeline
         then starts afresh).
+      check_metadata: called as ``check_metadata(step, metadata)`` with the
+        step's metadata dict before its state is read (e.g. to refuse a
+        checkpoint saved with another config, whose state may not even have
+        the same structure); what it raises propagates, with no fallback.
 
     Returns:
-      `Restored(step, state, data_state, metadata)`.
+      `Restored(step, state, data_state, metadata, skipped)`.
 
     Raises:
       FileNotFoundError: there is no checkpoint (for `step`) in the directory.
-      ValueError: `abstract_state` does not match the saved state (the
-        message names the first differing key path), or the data state was
-        saved by a different number of processes.
+      CheckpointError: every checkpoint is damaged (the message lists each
+        step and why), or the explicit `step` is; `abstract_state` does not
+        match the saved state (a changed model or algorithm: the message names
+        the first differing key path); the data state was saved by a
+        different number of processes; a pending save failed.
+      ValueError: a `jax.ShapeDtypeStruct` in `abstract_state` has no
+        sharding.
     """
     self.wait()
-    step = self._check_step(step)
+    steps = self._check_step(step)
     target = jax.tree.map(_abstract, _storable(abstract_state))
-    saved = self._manager.item_metadata(step)
-    _check_structure(getattr(saved["state"], "tree", saved["state"]), target)
-    items = {"state": ocp.args.StandardRestore(target)}
-    if "metadata" in saved.keys():
-      items["metadata"] = ocp.args.JsonRestore()
-    if restore_data and "data" in saved.keys():
-      self._check_data_file(step)
-      items["data"] = ocp.args.JsonRestore()
-    out = self._manager.restore(step, args=ocp.args.Composite(**items))
-    return Restored(
-      step=step,
-      state=_unstorable(out["state"], abstract_state),
-      data_state=_json.decode(out["data"]) if "data" in items else None,
-      metadata=_json.decode(out["metadata"]) if "metadata" in items else None,
+
+    def attempt(s: int) -> Restored:
+      return self._restore(
+        s, target, abstract_state, restore_data, check_metadata
+      )
+
+    if step is not None:
+      self._superseded = {}
+      try:
+        return attempt(step)
+      except _Damaged as e:
+        path = self._step_dir(step)
+        raise CheckpointError(
+          f"The checkpoint of step {step} at {path} is damaged: {e.reason}. "
+          f"Restore another step (saved: {steps}; by default the newest "
+          f"intact one) or delete {path}."
+        ) from e
+    stray = [(s, self._stray_reason(s)) for s in self._stray_steps()]
+    damaged = []
+    for s in reversed(steps):
+      try:
+        restored = attempt(s)
+      except _Damaged as e:
+        damaged.append((s, e.reason))
+        continue
+      skipped = sorted(
+        [(d, r) for d, r in damaged + stray if d > s], reverse=True
+      )
+      for d, reason in skipped:
+        _log.warning(
+          "Skipped the checkpoint of step %d in %s: %s; restored step %d.",
+          d,
+          self.directory,
+          reason,
+          s,
+        )
+      self._superseded = dict(damaged)
+      return restored._replace(skipped=tuple(skipped))
+    listed = sorted(damaged + stray, reverse=True)
+    raise CheckpointError(
+      f"No intact checkpoint in {self.directory}: "
+      + "; ".join(f"step {s}: {reason}" for s, reason in listed)
+      + ". Delete the damaged step directories ("
+      + ", ".join(str(self._step_dir(s)) for s, _ in listed)
+      + ") to start this run over, or start over with --fresh (which moves "
+      "them aside)."
     )
 
-  def _check_step(self, step: Optional[int]) -> int:
-    """The step to restore, or a FileNotFoundError saying what exists."""
+  def _check_step(self, step: Optional[int]) -> list[int]:
+    """The committed steps, or a FileNotFoundError saying what exists."""
     steps = self.all_steps()
     if not steps:
       raise FileNotFoundError(
@@ -244,22 +492,101 @@ class Checkpointer:
         "step directory (unfinished saves, '<step>.orbax-checkpoint-tmp*', "
         "do not count)."
       )
-    if step is None:
-      return steps[-1]
-    if step not in steps:
+    if step is not None and step not in steps:
       raise FileNotFoundError(
         f"No checkpoint for step {step} in {self.directory}; the saved steps "
         f"are {steps}."
       )
-    return step
+    return steps
+
+  def _stray_steps(self) -> list[int]:
+    """Local step-named directories without orbax's commit marker."""
+    if not self._local or not self.directory.exists():
+      return []
+    return [
+      int(p.name)
+      for p in self.directory.iterdir()
+      if _STEP_NAME.fullmatch(p.name) and p.is_dir() and not _committed(p)
+    ]
+
+  def _stray_reason(self, step: int) -> str:
+    return (
+      f"{self._step_dir(step)} is not a finished checkpoint (no {_COMMITTED}:"
+      " made by hand or by an interrupted copy)"
+    )
+
+  def _restore(
+    self,
+    step: int,
+    target: PyTree,
+    abstract_state: PyTree,
+    restore_data: bool,
+    check_metadata: Optional[Callable[[int, dict], None]] = None,
+  ) -> Restored:
+    """Verify and restore one step; `_Damaged` if it cannot be read."""
+    path = self._step_dir(step)
+    if restore_data:
+      self._check_data_file(step)
+    # Only what is read: with restore_data=False, the data item is not.
+    unread = () if restore_data else ("data",)
+    if not _verify(path, unread):
+      _log.warning(
+        "The checkpoint of step %d in %s has no %s (saved before rljax wrote "
+        "checksums, or copied without it): restoring it without verifying "
+        "its files.",
+        step,
+        self.directory,
+        _CHECKSUMS,
+      )
+    meta = _unless_damaged(lambda: self._manager.metadata(step))
+    handlers = meta.item_handlers
+    for item in sorted(handlers if isinstance(handlers, Mapping) else ()):
+      if item not in unread and not (path / item).exists():
+        raise _Damaged(f"its {item!r} item is missing ({path / item})")
+    saved = meta.item_metadata
+    if saved is None or "state" not in saved.keys() or saved["state"] is None:
+      raise _Damaged(f"it has no readable 'state' item ({path / 'state'})")
+    if not (path / "state" / _TREE_METADATA).exists():
+      raise _Damaged(f"state/{_TREE_METADATA} is missing")
+    if check_metadata is not None and "metadata" in saved.keys():
+      only = ocp.args.Composite(metadata=ocp.args.JsonRestore())
+      out = _unless_damaged(lambda: self._manager.restore(step, args=only))
+      check_metadata(step, _json.decode(out["metadata"]))
+    _check_structure(
+      getattr(saved["state"], "tree", saved["state"]),
+      target,
+      f"step {step} in {self.directory}",
+    )
+    items = {"state": ocp.args.StandardRestore(target)}
+    if "metadata" in saved.keys():
+      items["metadata"] = ocp.args.JsonRestore()
+    if restore_data and "data" in saved.keys():
+      items["data"] = ocp.args.JsonRestore()
+    out = _unless_damaged(
+      lambda: self._manager.restore(step, args=ocp.args.Composite(**items))
+    )
+    return Restored(
+      step=step,
+      state=_unstorable(out["state"], abstract_state),
+      data_state=_json.decode(out["data"]) if "data" in items else None,
+      metadata=_json.decode(out["metadata"]) if "metadata" in items else None,
+    )
 
   def _check_data_file(self, step: int) -> None:
-    """Raise unless this process's data-iterator state was saved."""
-    folder = self.directory / str(step) / "data"
-    if (folder / f"{self._data_file}.json").exists():
+    """Raise if the data-iterator states are of another process count.
+
+    A state missing among those of this process count is damage, left to
+    `_verify` and orbax.
+    """
+    folder = self._step_dir(step) / "data"
+    if (folder / f"{self._data_file}.json").exists() or not folder.exists():
       return
     found = sorted(p.name for p in folder.glob("process_*.json"))
-    raise ValueError(
+    if not found or any(
+      name.endswith(f"-of-{jax.process_count()}.json") for name in found
+    ):
+      return
+    raise CheckpointError(
       f"The checkpoint at {folder} holds data-iterator states {found} but "
       f"none for this process ({self._data_file}): it was saved by a "
       "different number of processes. Pass restore_data=False to restore the "
@@ -267,19 +594,221 @@ class Checkpointer:
     )
 
   def wait(self) -> None:
-    """Block until every pending save has finished."""
-    self._manager.wait_until_finished()
+    """Block until every pending save has finished.
+
+    Raises:
+      CheckpointError: the pending save failed for lack of space or
+        permission (the checkpoints before it are intact).
+    """
+    step = self._saving
+    if step is None:  # nothing in flight (a failure is reported once)
+      return
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:
+      error = self._save_error(step, e)
+      if error is None:
+        raise
+      self._failure = e
+      raise error from e
+    finally:
+      self._saving = None
+
+  def _save_error(
+    self, step: Optional[int], error: BaseException
+  ) -> Optional[CheckpointError]:
+    """The one-line error for a save the storage refused, else None."""
+    cause = _storage_cause(error)
+    if cause is None:
+      return None
+    # orbax dropped the failed step but also the steps keep-N was to delete
+    # after it (they are still there): list the committed steps again.
+    self._manager.reload()
+    code, text = cause
+    fix = (
+      "free space on it or set output.checkpoint_directory to a disk with room"
+      if code in _NO_SPACE
+      else "make it writable or set output.checkpoint_directory elsewhere"
+    )
+    what = "a checkpoint" if step is None else f"the checkpoint of step {step}"
+    return CheckpointError(
+      f"Saving {what} to {self.directory} failed: {text}. The checkpoints "
+      f"before it are intact (steps {self.all_steps()}); {fix}, then resume."
+    )
 
   def close(self) -> None:
-    """Wait for pending saves and release orbax's resources."""
-    self.wait()
-    self._manager.close()
+    """Wait for pending saves and release orbax's resources.
+
+    Raises:
+      CheckpointError: the pending save failed (see `wait`).
+    """
+    try:
+      self.wait()
+    finally:
+      try:
+        self._manager.close()
+      except Exception as e:
+        # orbax raises a failed save again in each thread that waits on it.
+        if not any(x is self._failure for x in _chain(e)):
+          raise
 
   def __enter__(self) -> "Checkpointer":
     return self
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+def _probe(directory: str) -> None:
+  """Create `directory` and a file in it, or raise a one-line CheckpointError.
+
+  The file gets a few KiB (flushed to disk), so a full disk fails here too.
+  """
+  try:
+    os.makedirs(directory, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=".rljax-write-probe-", dir=directory)
+    try:
+      os.write(fd, b"\0" * 4096)
+      os.fsync(fd)
+    finally:
+      os.close(fd)
+      os.unlink(name)
+  except OSError as e:
+    fix = (
+      "free space on that disk or set output.checkpoint_directory to one "
+      "with room"
+      if e.errno in _NO_SPACE
+      else "set output.checkpoint_directory to a writable directory"
+    )
+    where = f" ({e.filename})" if e.filename and e.filename != directory else ""
+    raise CheckpointError(
+      f"Cannot write checkpoints to {directory}: {e.strerror or e}{where}; "
+      f"{fix}."
+    ) from e
+
+
+def _committed(path: epath.Path) -> bool:
+  """Whether orbax finished and committed the step directory `path`."""
+  return (path / _COMMITTED).exists()
+
+
+def _files(root: epath.Path) -> dict[str, epath.Path]:
+  """The files under `root` that the checksums cover, by relative path."""
+  files = {}
+  for folder, _, names in root.walk():
+    for name in names:
+      path = folder / name
+      rel = path.relative_to(root).as_posix()
+      if rel not in _UNHASHED:
+        files[rel] = path
+  return files
+
+
+def _sha256(path: epath.Path) -> str:
+  digest = hashlib.sha256()
+  with path.open("rb") as f:
+    while chunk := f.read(_CHUNK):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def _digests(files: Mapping[str, epath.Path]) -> dict[str, str]:
+  """SHA-256 of each file, several at a time (hashlib releases the GIL)."""
+  workers = max(1, min(8, os.cpu_count() or 1, len(files)))
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    return dict(zip(files, pool.map(_sha256, files.values())))
+
+
+def _verify(path: epath.Path, unread: tuple[str, ...] = ()) -> bool:
+  """Check the step's files against its checksums; False if it has none.
+
+  Files of the items named in `unread` are not checked.
+
+  Raises:
+    _Damaged: a file is missing, has another size or another checksum, or
+      the manifest is unreadable.
+  """
+  manifest = path / _CHECKSUMS
+  if not manifest.exists():
+    return False
+  try:
+    saved = json.loads(manifest.read_text())["files"]
+    expected = {
+      rel: (int(size), str(sha))
+      for rel, (size, sha) in saved.items()
+      if rel.split("/")[0] not in unread
+    }
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    raise _Damaged(f"its {_CHECKSUMS} is unreadable ({e})") from e
+  try:
+    for rel, (size, _) in sorted(expected.items()):
+      if not (path / rel).exists():
+        item = path / rel.split("/")[0]
+        if "/" in rel and not item.exists():
+          raise _Damaged(f"its {item.name!r} item is missing ({item})")
+        raise _Damaged(f"{rel} is missing")
+      found = (path / rel).stat().length
+      if found != size:
+        raise _Damaged(f"{rel} has {found} bytes, {size} were saved")
+    digests = _digests({rel: path / rel for rel in expected})
+  except OSError as e:
+    if e.errno not in _LOST:
+      raise
+    raise _Damaged(_one_line(f"a file cannot be read: {e}")) from e
+  for rel in sorted(expected):
+    if digests[rel] != expected[rel][1]:
+      raise _Damaged(
+        f"checksum mismatch in {rel} (its bytes changed after the save)"
+      )
+  return True
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+  """`error` and its causes."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def _unless_damaged(read):
+  """read(), with a storage read error (damage) raised as `_Damaged`."""
+  try:
+    return read()
+  except Exception as e:
+    reason = _damage_reason(e)
+    if reason is None:
+      raise
+    raise _Damaged(reason) from e
+
+
+def _damage_reason(error: BaseException) -> Optional[str]:
+  """One line on a damaged or missing file that `error` reports, or None."""
+  for e in _chain(error):
+    if isinstance(e, json.JSONDecodeError | UnicodeDecodeError):
+      return _one_line(f"a JSON file of it is not valid JSON ({e})")
+    if isinstance(e, OSError) and e.errno in _LOST:
+      return _one_line(str(e))
+    if isinstance(e, ValueError) and _TS_DAMAGE.match(str(e)):
+      return _one_line(_TS_DETAILS.sub("", str(e)))
+  return None
+
+
+def _storage_cause(error: BaseException) -> Optional[tuple[int, str]]:
+  """(errno, its text) of a storage error (no space, ...) in `error`."""
+  for e in _chain(error):
+    code = e.errno if isinstance(e, OSError) else None
+    if code is None and (found := _TS_OS_ERROR.search(str(e))):
+      code = int(found.group(1))
+    if code in _STORAGE_ERRNOS:
+      return code, os.strerror(code)
+  return None
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+  text = " ".join(text.split())
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _storable(tree: PyTree) -> PyTree:
@@ -308,19 +837,25 @@ def _abstract(x: Any) -> Any:
   return x
 
 
-def _check_structure(saved: PyTree, target: PyTree) -> None:
-  """Raise a ValueError at the first key path where the trees differ."""
+def _check_structure(saved: PyTree, target: PyTree, where: str) -> None:
+  """Raise at the first key path where the trees differ.
+
+  Raises:
+    CheckpointError: a leaf is in one tree only or has another shape (the
+      model or algorithm changed since the checkpoint of `where`).
+    ValueError: a ShapeDtypeStruct of `target` has no sharding.
+  """
   saved_leaves = _paths(saved)
   target_leaves = _paths(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
   for path in sorted(set(saved_leaves) | set(target_leaves), key=_order):
     if path not in target_leaves:
-      _mismatch(path, "is in the checkpoint but not in abstract_state")
+      _mismatch(path, "is in the checkpoint but not in abstract_state", where)
     if path not in saved_leaves:
-      _mismatch(path, "is in abstract_state but not in the checkpoint")
-    _check_leaf(path, saved_leaves[path], target_leaves[path])
+      _mismatch(path, "is in abstract_state but not in the checkpoint", where)
+    _check_leaf(path, saved_leaves[path], target_leaves[path], where)
 
 
-def _check_leaf(path: tuple, saved: Any, target: Any) -> None:
+def _check_leaf(path: tuple, saved: Any, target: Any, where: str) -> None:
   """Raise when a leaf's saved shape differs or its sharding is missing."""
   saved_shape = getattr(saved, "shape", None)
   shape = getattr(target, "shape", None)
@@ -329,12 +864,12 @@ def _check_leaf(path: tuple, saved: Any, target: Any) -> None:
       path,
       f"has shape {tuple(saved_shape)} in the checkpoint but {tuple(shape)} "
       "in abstract_state",
+      where,
     )
   if isinstance(target, jax.ShapeDtypeStruct) and target.sharding is None:
-    _mismatch(
-      path,
-      "is a ShapeDtypeStruct without a sharding; give it sharding=... (or "
-      "pass a concrete array)",
+    raise ValueError(
+      f"abstract_state key path {_path_name(path)} is a ShapeDtypeStruct "
+      "without a sharding; give it sharding=... (or pass a concrete array)."
     )
 
 
@@ -357,9 +892,15 @@ def _order(path: tuple) -> tuple:
   return tuple((isinstance(k, str), k) for k in path)
 
 
-def _mismatch(path: tuple, what: str) -> None:
+def _path_name(path: tuple) -> str:
+  return "".join(f"[{k!r}]" for k in path)
+
+
+def _mismatch(path: tuple, what: str, where: str) -> None:
   """Raise the structure-mismatch error for `path`."""
-  name = "".join(f"[{k!r}]" for k in path)
-  raise ValueError(
-    f"abstract_state does not match the checkpoint: key path {name} {what}."
+  raise CheckpointError(
+    f"abstract_state does not match the checkpoint of {where}: key path "
+    f"{_path_name(path)} {what}. The run's model or algorithm changed since "
+    "this checkpoint: resume with the config it was saved with, or start "
+    "over with --fresh."
   )

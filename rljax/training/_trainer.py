@@ -311,7 +311,8 @@ class Trainer:
     resume would restore them)."""
     remote = "://" in str(checkpoints)
     if remote:
-      steps = checkpointing.Checkpointer(checkpoints).all_steps()
+      with checkpointing.Checkpointer(checkpoints) as previous:
+        steps = previous.all_steps()
       if steps:
         raise UserError(
           f"output.checkpoint_directory={str(checkpoints)!r} holds the"
@@ -377,16 +378,28 @@ class Trainer:
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
       self.state,
     )
-    restored = self.checkpointer.restore(abstract, restore_data=False)
-    metadata = restored.metadata or {}
-    if "config" in metadata:
-      _check_same_config(
-        metadata["config"],
-        _config_json(self.config),
-        self.allow_changes,
-        step=restored.step,
-        directory=self.checkpointer.directory,
+    current = _config_json(self.config)
+
+    def same_config(step, metadata):
+      if "config" in metadata:
+        _check_same_config(
+          metadata["config"],
+          current,
+          self.allow_changes,
+          step=step,
+          directory=self.checkpointer.directory,
+        )
+
+    restored = self.checkpointer.restore(
+      abstract, restore_data=False, check_metadata=same_config
+    )
+    if restored.skipped:
+      logging.getLogger("rljax").warning(
+        "Resumed from step %d; skipped damaged checkpoints: %s.",
+        restored.step,
+        "; ".join(f"step {s}: {why}" for s, why in restored.skipped),
       )
+    metadata = restored.metadata or {}
     self.state = restored.state
     self._iterator.set_state(metadata["data_state"])
     self.start_step = restored.step

@@ -1,6 +1,7 @@
 """Checkpointer across processes: two processes (4 CPU devices each, gloo on
-127.0.0.1) save one global array and their own data-iterator states; a single
-8-device process restores the arrays onto another mesh."""
+127.0.0.1) save one global array and their own data-iterator states (process 0
+writes the checksums of all files); a single 8-device process verifies and
+restores the arrays onto another mesh."""
 
 import json
 import os
@@ -59,6 +60,12 @@ def test_two_processes_save_and_one_process_restores(tmp_path):
   for i in range(2):
     text = (data / f"process_{i}-of-2.json").read_text()
     assert json.loads(text) == {"next_index": 10 + i}
+  # Process 0 wrote the checksums of every process's files (restore checks).
+  checksums = json.loads((tmp_path / "3" / "rljax_checksums.json").read_text())
+  assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(
+    checksums["files"]
+  )
+  assert any(f.startswith("state/ocdbt.process_1/") for f in checksums["files"])
   mesh = jax.make_mesh((2, 4), ("data", "fsdp"))
   like = {
     "w": jax.ShapeDtypeStruct(

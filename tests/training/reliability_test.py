@@ -172,6 +172,12 @@ def test_fresh_refuses_remote_checkpoints_it_cannot_move(tmp_path, monkeypatch):
     def all_steps(self):
       return [4]
 
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc_info):
+      pass
+
   monkeypatch.setattr(checkpointing, "Checkpointer", Remote)
   config = _config(
     tmp_path, "output.checkpoint_directory=gs://bucket/run/checkpoints"
@@ -398,3 +404,35 @@ def test_kill_during_saves_then_resume_is_exact(tmp_path):
 @pytest.mark.slow  # 20 restarts of the CLI: several minutes
 def test_twenty_kills_during_saves_then_resume_is_exact(tmp_path):
   _kill_test(tmp_path, kills=20)
+
+
+# --- 6: a damaged latest checkpoint falls back -------------------------------
+
+
+def test_a_damaged_latest_checkpoint_falls_back_with_a_warning(
+  tmp_path, caplog
+):
+  common = ("train.steps=3", "output.checkpoint_every=1")
+  straight = Trainer(_config(tmp_path, *common))
+  straight.run()
+  # Flip one byte of the newest step's array data.
+  data = max(
+    (
+      p
+      for p in (tmp_path / "checkpoints" / "3" / "state").rglob("*")
+      if p.is_file()
+    ),
+    key=lambda p: p.stat().st_size,
+  )
+  raw = bytearray(data.read_bytes())
+  raw[len(raw) // 2] ^= 0xFF
+  data.write_bytes(bytes(raw))
+  with caplog.at_level("WARNING", logger="rljax"):
+    resumed = Trainer(_config(tmp_path, *common))
+  assert resumed.start_step == 2
+  assert "skipped damaged checkpoints: step 3" in caplog.text
+  assert "checksum mismatch" in caplog.text
+  resumed.run()  # re-trains step 3 and saves it over the damaged one
+  assert resumed.checkpointer.all_steps()[-1] == 3
+  for a, b in zip(_params(straight), _params(resumed)):
+    np.testing.assert_array_equal(a, b)
