@@ -110,6 +110,16 @@ def _from_config(field: str, build, *args, **kwargs):
     raise UserError(f"{field}: {e}") from e
 
 
+def _check_sizes(config: RunConfig, mesh) -> None:
+  """The config's own checks, then the global batch against the mesh."""
+  validate(config)
+  p = config.train.prompts_per_step
+  try:
+    sharding.check_batch("train.prompts_per_step", p, mesh)
+  except ValueError as e:  # the message names the field and the fix
+    raise UserError(str(e)) from e
+
+
 def _mesh(sizes):
   """The run's mesh; a fully specified one may use fewer than all devices."""
   used = math.prod(sizes)
@@ -201,13 +211,7 @@ class Trainer:
   ):
     self.config = c = validate(config)
     self.mesh = _mesh(c.train.mesh)
-    _from_config(
-      "train.prompts_per_step",
-      sharding.check_batch,
-      "train.prompts_per_step",
-      c.train.prompts_per_step,
-      self.mesh,
-    )
+    _check_sizes(c, self.mesh)
     self.allow_changes = (*RESUMABLE_CHANGES, *allow_changes)
     self.directory = pathlib.Path(c.output.directory)
     self._writer = jax.process_index() == 0  # logs, rollouts, plots
