@@ -12,7 +12,7 @@ Layers, from pure maths to named algorithms:
 
 Around them (import them by name, e.g. ``from rljax import models``):
   models, checkpoints, tokenizers, sampling, sharding      (the policy)
-  rewards, tasks                                           (what it learns)
+  rewards, tasks, sandbox                                  (what it learns)
   training, checkpointing, monitoring                      (the RL loop)
 """
 

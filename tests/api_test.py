@@ -22,6 +22,7 @@ NAMESPACES = [
   "rljax.monitoring",
   "rljax.objectives",
   "rljax.rewards",
+  "rljax.sandbox",
   "rljax.sampling",
   "rljax.shaping",
   "rljax.sharding",

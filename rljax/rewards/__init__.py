@@ -9,13 +9,20 @@ the weighted total [N] and metrics ("reward/<name>", "unparseable/<name>").
 Built-ins: `exact_answer` (numeric or string match of an extracted answer),
 `math_answer` (math-verify), `answer_format` (regex), `length_penalty`
 (DAPO's soft overlong penalty in tokens); `extract_answer` is the extractor
-they share.
+they share; `evaluate_arithmetic` is a safe evaluator of + - * / expressions
+(an `ast` walk, never eval) for rewards that need one.
+
+Completions are untrusted: no built-in reward evaluates them as code in this
+process, and each one's time is bounded (scorers that need eval run in
+`rljax.sandbox`). A reward that returns +-inf is an error; NaN means "does
+not apply".
 """
 
 from rljax.rewards._answers import EXTRACT_MODES
 from rljax.rewards._answers import exact_answer
 from rljax.rewards._answers import extract_answer
 from rljax.rewards._answers import math_answer
+from rljax.rewards._arithmetic import evaluate_arithmetic
 from rljax.rewards._base import RewardFn
 from rljax.rewards._base import RewardResult
 from rljax.rewards._base import RewardSpec
@@ -35,6 +42,7 @@ __all__ = [
   "Samples",
   "Scores",
   "answer_format",
+  "evaluate_arithmetic",
   "exact_answer",
   "extract_answer",
   "length_penalty",

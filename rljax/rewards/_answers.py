@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from rljax import sandbox
 from rljax._src import checks
 from rljax.rewards._base import RewardFn
 from rljax.rewards._base import RewardResult
@@ -22,8 +23,13 @@ _NUMBER = re.compile(
   r"(?:\d{1,3}(?:,\d{3})+(?![\d])(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
 )
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_EXPONENT = re.compile(r"[eE][-+]?([\d_]+)")
+_OPEN_TAG, _CLOSE_TAG = "<answer>", "</answer>"
 _BOXED = "\\boxed{"
+# `Fraction("1e999999999")` builds a billion-digit integer: numbers longer
+# than this, or with a larger exponent, are compared as strings instead.
+MAX_NUMBER_CHARS = 1000
+MAX_EXPONENT = 10_000
 
 
 def extract_answer(text: str, *, mode: str = "last_number") -> str | None:
@@ -55,12 +61,29 @@ def extract_answer(text: str, *, mode: str = "last_number") -> str | None:
     start = text.rfind("####")
     answer = None if start < 0 else text[start + 4 :].strip().split("\n")[0]
   elif mode == "answer_tag":
-    found = _ANSWER_TAG.findall(text)
-    answer = found[-1] if found else None
+    answer = _last_tagged(text)
   else:
     answer = text
   answer = None if answer is None else answer.strip()
   return answer or None
+
+
+def _last_tagged(text: str) -> str | None:
+  """The last of re.findall("<answer>(.*?)</answer>", text, DOTALL), O(n).
+
+  The regex is quadratic on a text of many unclosed "<answer>" tags; this
+  walks the same non-overlapping matches with str.find.
+  """
+  answer, position = None, 0
+  while True:
+    start = text.find(_OPEN_TAG, position)
+    if start < 0:
+      return answer
+    end = text.find(_CLOSE_TAG, start + len(_OPEN_TAG))
+    if end < 0:
+      return answer
+    answer = text[start + len(_OPEN_TAG) : end]
+    position = end + len(_CLOSE_TAG)
 
 
 def _last_boxed(text: str) -> str | None:
@@ -80,8 +103,17 @@ def _last_boxed(text: str) -> str | None:
 
 
 def _as_number(text: str) -> Fraction | None:
-  """Exact value of a number string ("1,234", "+68", "0.5", "1/2") or None."""
+  """Exact value of a number string ("1,234", "+68", "0.5", "1/2") or None.
+
+  None too for texts over `MAX_NUMBER_CHARS` characters or with an exponent
+  beyond `MAX_EXPONENT` (which `Fraction` would expand into a huge integer).
+  """
   text = text.strip()
+  if len(text) > MAX_NUMBER_CHARS:
+    return None
+  for exponent in _EXPONENT.findall(text):
+    if int(exponent.replace("_", "") or "0") > MAX_EXPONENT:
+      return None
   if _THOUSANDS.fullmatch(text):
     text = text.replace(",", "")
   try:
@@ -106,7 +138,9 @@ def exact_answer(
   r = 1[|extract(text) - metadata[key]| <= tolerance] when both parse as
   numbers ("68", "68.0", "+68", " 68 ", "1,234", "1/2"; exact rationals, no
   float rounding), stripped string equality otherwise; parsed =
-  extract(text) is not None.
+  extract(text) is not None. Numbers longer than 1000 characters or with an
+  exponent beyond 1e10000 (which would take hours to expand) count as
+  strings. Linear time in the completion's length.
 
   Args:
     extract: how to find the answer (`extract_answer` modes), default
@@ -157,13 +191,18 @@ def math_answer(*, key: str = "answer", timeout_seconds: int = 5) -> RewardFn:
   a gold answer that math-verify cannot parse raises ValueError, because
   that prompt could never be rewarded.
 
-  math-verify times out through SIGALRM, which only works in the main
-  thread: there `timeout_seconds` applies; in any other thread the calls run
-  without a time limit (run the reward in a subprocess to bound it).
+  math-verify's time limits use SIGALRM, which only works in the main
+  thread: there it runs in this process with `timeout_seconds` per parse
+  and per verify. Called from any other thread (where a hostile answer
+  such as "\\boxed{2^{2^{40}}}" would run for ever holding the GIL), each
+  completion is parsed and verified in a `rljax.sandbox.Sandbox` worker,
+  started then, killed after 2 * timeout_seconds + 2 s (a time-out scores
+  0, unparsed). Only digits, spaces and + - * / ^ ( ) reach math-verify's
+  `sympy.parse_expr` (its expression regex), so no answer can run code.
 
   Args:
     key: the metadata entry that holds the gold answer, default "answer".
-    timeout_seconds: math-verify's per-call time limit in the main thread
+    timeout_seconds: math-verify's time limit per parse and per verify
       (its default, 5).
 
   Returns:
@@ -179,21 +218,59 @@ def math_answer(*, key: str = "answer", timeout_seconds: int = 5) -> RewardFn:
     )
   import math_verify  # noqa: F401  (fail now, not at the first rollout)
 
+  box = sandbox.Sandbox(
+    timeout=2 * timeout_seconds + 2, preload=("math_verify", __name__)
+  )
+
   def reward(samples: Samples) -> RewardResult:
     in_main = threading.current_thread() is threading.main_thread()
     timeout = timeout_seconds if in_main else None
     golds: dict[str, list[Any]] = {}
-    values, parsed = [], []
-    for text, metadata in zip(samples.texts, samples.metadata):
+    for metadata in samples.metadata:
       gold = _gold_answer(metadata, key)
-      if gold not in golds:
+      if gold not in golds:  # trusted text: checked here, in any thread
         golds[gold] = _parse_gold(gold, timeout)
-      pred = _parse(text, timeout)
-      parsed.append(bool(pred))
-      values.append(bool(pred) and _verify(golds[gold], pred, timeout))
+    pairs = zip(samples.texts, samples.metadata)
+    if in_main:
+      results = [
+        _math_verify(text, golds[_gold_answer(m, key)], timeout)
+        for text, m in pairs
+      ]
+    else:
+      calls = [(t, _gold_answer(m, key), timeout_seconds) for t, m in pairs]
+      outcomes = box.map(_math_verify_in_worker, calls)
+      results = [
+        _checked_pair(o.value) if o.ok else (False, False) for o in outcomes
+      ]
+    values = [correct for _, correct in results]
+    parsed = [is_parsed for is_parsed, _ in results]
     return RewardResult(np.asarray(values, np.float32), np.asarray(parsed))
 
   return reward
+
+
+def _math_verify(
+  text: str, gold: list[Any], timeout: int | None
+) -> tuple[bool, bool]:
+  """(parsed, correct) of one completion against a parsed gold."""
+  pred = _parse(text, timeout)
+  return bool(pred), bool(pred) and _verify(gold, pred, timeout)
+
+
+def _checked_pair(value: Any) -> tuple[bool, bool]:
+  """A worker's (parsed, correct), or (False, False) if it is anything else."""
+  if isinstance(value, tuple) and len(value) == 2:
+    if all(isinstance(v, bool) for v in value):
+      return value
+  return False, False
+
+
+def _math_verify_in_worker(
+  text: str, gold: str, timeout: int
+) -> tuple[bool, bool]:
+  """`_math_verify` in the sandbox worker (its main thread: SIGALRM works)."""
+  boxed = gold if _BOXED in gold else _BOXED + gold + "}"
+  return _math_verify(text, _parse(boxed, timeout), timeout)
 
 
 def _parse_gold(gold: str, timeout: int | None) -> list[Any]:

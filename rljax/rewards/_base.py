@@ -6,6 +6,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rljax._src.errors import UserError
+
 
 class Samples(NamedTuple):
   """Decoded completions with their prompts' task metadata (host-side).
@@ -32,7 +34,7 @@ class RewardResult(NamedTuple):
 
   Attributes:
     values: float32 [N] rewards (0.5 stays 0.5; NaN means "does not apply",
-      which `score` counts as 0 like TRL's None).
+      which `score` counts as 0 like TRL's None; +-inf is an error).
     parsed: bool [N], False where no answer could be extracted; None when
       the notion does not apply (format or length rewards).
   """
@@ -80,6 +82,10 @@ def score(samples: Samples, rewards: RewardSpec) -> Scores:
 
   Returns:
     `Scores` with the per-reward values, the weighted total and the metrics.
+
+  Raises:
+    UserError: a reward returned +-inf (or a value beyond float32's range).
+    ValueError: a spec, a shape or the samples are malformed.
 
   References:
     TRL `GRPOTrainer` (`reward_funcs`, `reward_weights`, nansum of rewards).
@@ -155,11 +161,21 @@ def _run(
   """Call one reward function and check the shapes of what it returns."""
   out = fn(samples)
   values, parsed = out if isinstance(out, RewardResult) else (out, None)
-  values = np.asarray(values, np.float32)
+  with np.errstate(over="ignore"):  # beyond float32 becomes inf, see below
+    values = np.asarray(values, np.float32)
   if values.shape != (n,):
     raise ValueError(
       f"reward {name!r} returned values of shape {values.shape}; it must"
       f" return one value per sample, shape ({n},)."
+    )
+  infinite = np.flatnonzero(np.isinf(values))
+  if infinite.size:
+    shown = ", ".join(str(i) for i in infinite[:5])
+    more = f" and {infinite.size - 5} more" if infinite.size > 5 else ""
+    raise UserError(
+      f"reward {name!r} returned infinite values for the samples at indices"
+      f" {shown}{more} (beyond float32's range counts as infinite); return"
+      " finite rewards (clip them), or NaN where the reward does not apply."
     )
   if parsed is not None:
     parsed = np.asarray(parsed, bool)

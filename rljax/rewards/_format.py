@@ -10,13 +10,18 @@ from rljax.rewards._base import RewardResult
 from rljax.rewards._base import Samples
 
 THINK_ANSWER = r"^<think>.*?</think>\s*<answer>.*?</answer>$"
+_THINK_END = re.compile(r"</think>\s*<answer>")
 
 
 def answer_format(*, pattern: str = THINK_ANSWER) -> RewardFn:
   """Reward 1.0 when the completion matches a regular expression, else 0.0.
 
   r = 1[re.search(pattern, text, re.DOTALL)]; the pattern anchors itself
-  (the default spans the whole text). parsed is None.
+  (the default spans the whole text). parsed is None. The default pattern
+  is matched by an equivalent linear-time scan (as a regex it takes time
+  quadratic in the text on some completions); a custom pattern runs on
+  Python's `re`, which has no time limit: avoid nested or adjacent
+  unbounded quantifiers that can backtrack catastrophically.
 
   Args:
     pattern: the regular expression; default DeepSeek-R1's
@@ -34,11 +39,35 @@ def answer_format(*, pattern: str = THINK_ANSWER) -> RewardFn:
   except re.error as e:
     raise ValueError(f"pattern {pattern!r} is not a valid regex: {e}") from e
 
+  if pattern == THINK_ANSWER:
+    matches = _think_answer
+  else:
+    matches = lambda text: compiled.search(text) is not None
+
   def reward(samples: Samples) -> RewardResult:
-    hits = [compiled.search(text) is not None for text in samples.texts]
+    hits = [matches(text) for text in samples.texts]
     return RewardResult(np.asarray(hits, np.float32))
 
   return reward
+
+
+def _think_answer(text: str) -> bool:
+  """re.search(THINK_ANSWER, text, re.DOTALL) is not None, in linear time.
+
+  The lazy ".*?" groups match anything, so the text matches when it starts
+  with "<think>", ends with "</answer>" (or "</answer>\\n", as "$" allows)
+  and the first "</think>" + whitespace + "<answer>" after the opening tag
+  ends before that closing tag.
+  """
+  if not text.startswith("<think>"):
+    return False
+  ends = [
+    len(text) - len(suffix)
+    for suffix in ("</answer>", "</answer>\n")
+    if text.endswith(suffix)
+  ]
+  found = _THINK_END.search(text, len("<think>"))
+  return bool(ends) and found is not None and found.end() <= max(ends)
 
 
 def length_penalty(

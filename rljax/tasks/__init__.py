@@ -5,7 +5,9 @@ A `Task` holds train and held-out test grain `MapDataset`s of example dicts
 `rljax.rewards.score` and `format_prompt` (example -> prompt text). Built in:
 `arithmetic` (no extra dependency); `reasoning_gym` adapts reasoning-gym's
 generators (`pip install 'rljax[tasks]'`). `get("arithmetic")` or
-`get("reasoning_gym:countdown")` builds one by name.
+`get("reasoning_gym:countdown")` builds one by name. Task rewards never
+evaluate model text in the trainer: reasoning-gym's scorers run in
+`rljax.sandbox`, countdown's natively without eval.
 """
 
 from rljax.tasks._arithmetic import ARITHMETIC_ALPHABET

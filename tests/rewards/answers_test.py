@@ -1,5 +1,8 @@
 """Answer extraction, exact_answer and math_answer on hand-written strings."""
 
+import faulthandler
+import random
+import re
 import threading
 
 import numpy as np
@@ -87,6 +90,29 @@ def test_answer_tag(text, expected):
   assert rewards.extract_answer(text, mode="answer_tag") == expected
 
 
+def test_answer_tag_matches_its_regex_in_linear_time():
+  regex = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+  pieces = ["<answer>", "</answer>", "a", " ", "\n", "<", ">"]
+  rng = random.Random(0)
+  for _ in range(3000):
+    text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9)))
+    found = regex.findall(text)
+    expected = found[-1].strip() if found else None
+    got = rewards.extract_answer(text, mode="answer_tag")
+    assert got == (expected or None), text
+  # The regex is quadratic here (hours for this text); hang guard: the
+  # process dies with a traceback if this hangs.
+  faulthandler.dump_traceback_later(300, exit=True)
+  try:
+    bomb = "<answer>" * 200_000
+    assert rewards.extract_answer(bomb, mode="answer_tag") is None
+    assert rewards.extract_answer(bomb + "1</answer>", mode="answer_tag") == (
+      "<answer>" * 199_999 + "1"
+    )
+  finally:
+    faulthandler.cancel_dump_traceback_later()
+
+
 def test_full_and_bad_mode():
   assert rewards.extract_answer("  68 \n", mode="full") == "68"
   assert rewards.extract_answer(" \n ", mode="full") is None
@@ -129,6 +155,28 @@ def test_exact_answer_string_compare_and_tolerance():
   np.testing.assert_array_equal(out.values, [1, 0])
 
 
+def test_exact_answer_bounds_huge_exponents_and_lengths():
+  # Fraction("1e999999999") builds a billion-digit integer (it hangs); such
+  # answers are compared as strings. Hang guard as above.
+  fn = rewards.exact_answer(extract="full")
+  texts = [
+    "1e999999999",
+    "-1E-999999999",
+    "1e1_000_000_000",
+    "9" * 10**6,
+    "1e3",
+  ]
+  golds = ["1", "0", "1", "9", "1000"]
+  faulthandler.dump_traceback_later(300, exit=True)
+  try:
+    out = fn(_samples(texts, golds))
+  finally:
+    faulthandler.cancel_dump_traceback_later()
+  np.testing.assert_array_equal(out.values, [0, 0, 0, 0, 1])
+  same = fn(_samples(["1e999999999"], ["1e999999999"]))
+  np.testing.assert_array_equal(same.values, [1])  # equal strings still match
+
+
 def test_exact_answer_errors():
   with pytest.raises(ValueError, match="extract"):
     rewards.exact_answer(extract="first_number")
@@ -165,20 +213,30 @@ def test_math_answer_main_thread():
 
 
 def test_math_answer_in_a_worker_thread():
-  # math-verify's default SIGALRM time-out raises outside the main thread.
-  fn, result, errors = rewards.math_answer(), [], []
+  # math-verify's default SIGALRM time-out raises outside the main thread;
+  # there the reward runs it in the sandbox, whose kill bounds a hostile
+  # answer that would otherwise run for ever holding the GIL.
+  fn, result, errors = rewards.math_answer(timeout_seconds=1), [], []
+  bomb = _samples(["\\boxed{2^{2^{40}}}", "\\boxed{68}"], ["5", "68"])
 
   def work():
     try:
       result.append(fn(_math_cases()))
+      result.append(fn(bomb))
     except BaseException as e:  # noqa: BLE001  (re-raised below)
       errors.append(e)
 
-  thread = threading.Thread(target=work)
-  thread.start()
-  thread.join(timeout=60)
+  faulthandler.dump_traceback_later(300, exit=True)
+  try:
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+  finally:
+    faulthandler.cancel_dump_traceback_later()
   assert not errors, errors
   _check_math(result[0])
+  np.testing.assert_array_equal(result[1].values, [0, 1])
+  np.testing.assert_array_equal(result[1].parsed, [1, 1])  # timed-out verify
 
 
 def test_math_answer_latex_gold_gets_boxed():

@@ -1,12 +1,16 @@
 """score: weighted sums by hand, metrics, float32, errors; format and length."""
 
+import faulthandler
 import math
+import random
+import re
 
 import numpy as np
 import pytest
 
 from rljax import rewards
 from rljax import shaping
+from rljax._src.errors import UserError
 
 
 def _samples(texts, num_tokens=None, answers=None):
@@ -71,6 +75,22 @@ def test_nan_means_not_applicable_like_shaping_weighted_sum():
   assert scores.metrics["reward/y"] == 1.0
 
 
+def test_infinite_rewards_are_rejected_with_the_reward_and_indices():
+  samples = _samples(["a", "b", "c", "d"])
+  spec = [("ok", _constant([1.0, 0.0, math.nan, 1.0]), 1.0)]
+  for name, values, shown in [
+    ("inf", [1.0, math.inf, 0.0, -math.inf], "1, 3"),
+    ("big", [0.0, 0.0, 1e39, 0.0], "2"),  # float32 overflows to inf
+  ]:
+    bad = spec + [(name, _constant(values), 0.0)]
+    with pytest.raises(UserError, match=f"reward '{name}'.*indices {shown}"):
+      rewards.score(samples, bad)
+  many = _constant([math.inf] * 7)
+  with pytest.raises(UserError, match="0, 1, 2, 3, 4 and 2 more.*NaN"):
+    rewards.score(_samples(["x"] * 7), [("many", many, 1.0)])
+  assert rewards.score(samples, spec).total_N.tolist() == [1.0, 0.0, 0.0, 1.0]
+
+
 def test_wrong_length_names_the_reward():
   samples = _samples(["a", "b", "c"])
   with pytest.raises(ValueError, match="'short'.*shape \\(3,\\)"):
@@ -117,6 +137,32 @@ def test_answer_format():
   )
   with pytest.raises(ValueError, match="pattern"):
     rewards.answer_format(pattern="(")
+
+
+def test_answer_format_default_matches_its_regex():
+  regex = re.compile(rewards.THINK_ANSWER, re.DOTALL)
+  pieces = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "x"]
+  rng = random.Random(0)
+  texts = [
+    "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9)))
+    for _ in range(3000)
+  ]
+  out = rewards.answer_format()(_samples(texts))
+  expected = [regex.search(t) is not None for t in texts]
+  np.testing.assert_array_equal(out.values, expected)
+  assert 0 < sum(expected) < len(texts)
+
+
+def test_answer_format_is_linear_on_a_backtracking_bomb():
+  # As a regex, THINK_ANSWER takes quadratic time here (hours for this
+  # text). Hang guard: the process dies with a traceback if this hangs.
+  bomb = "<think>" + "</think><answer></answer>x" * 200_000
+  faulthandler.dump_traceback_later(300, exit=True)
+  try:
+    out = rewards.answer_format()(_samples([bomb, bomb + "</answer>"]))
+  finally:
+    faulthandler.cancel_dump_traceback_later()
+  np.testing.assert_array_equal(out.values, [0, 1])
 
 
 def test_length_penalty_by_hand():

@@ -1,7 +1,9 @@
 """reasoning-gym adapters and the task registry."""
 
+import faulthandler
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -10,6 +12,7 @@ import pytest
 
 from rljax import rewards
 from rljax import tasks
+from rljax.tasks import _reasoning_gym
 
 NAMES = ("countdown", "basic_arithmetic", "gsm_symbolic")
 
@@ -148,3 +151,131 @@ def test_examples_are_the_same_in_a_new_process():
   assert json.loads(out.strip().splitlines()[-1]) == json.loads(
     json.dumps(here)
   )
+
+
+# ----------------------------------------------------------------------------
+# Model text is never evaluated in the trainer
+
+SANDBOXED = ("basic_arithmetic", "gsm_symbolic", "puzzle24")
+
+
+@pytest.fixture(scope="module")
+def sandboxed():
+  """name -> a task whose scorer runs in the sandbox (1.5 s per answer)."""
+  built = {}
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(_reasoning_gym, "SCORE_TIMEOUT", 1.5)
+    for name in SANDBOXED:
+      built[name] = tasks.reasoning_gym(name, size=8, test_size=1)
+  yield built
+  for task in built.values():
+    task.rewards[0][1].sandbox.close()
+
+
+def _injection(canary):
+  return f"<answer>__import__('os').system('touch {canary}')</answer>"
+
+
+@pytest.mark.parametrize("name", ("countdown",) + SANDBOXED)
+def test_model_text_is_never_executed(name, sandboxed, tmp_path, monkeypatch):
+  # Before the fix reasoning-gym's sympy.parse_expr ran this in the trainer
+  # (countdown, puzzle24, ...) and created both files.
+  monkeypatch.chdir(tmp_path)
+  task = sandboxed.get(name) or tasks.reasoning_gym(name, size=2, test_size=1)
+  example = task.train[0]
+  texts = [_injection("pwned"), _injection(tmp_path / "canary")]
+  values, _ = _score(task, texts, example)
+  assert values == [0.0, 0.0]
+  assert not (tmp_path / "pwned").exists()
+  assert not (tmp_path / "canary").exists()
+
+
+def _ordinary(name, example):
+  gold = example["answer"]
+  answers = [gold, f" {gold} ", f"{gold}.0", f"-{gold}", f"{gold} apples"]
+  answers += [f"it is {gold}", gold[:-1] or "0", "", "x", "1 +", "(3"]
+  if name == "puzzle24":
+    answers += ["1 + 2 + 3 + 4", gold.replace("+", "-", 1), "24"]
+  return answers
+
+
+@pytest.mark.parametrize("name", SANDBOXED)
+def test_sandboxed_scores_match_score_answer(name, sandboxed):
+  task = sandboxed[name]
+  fn = task.rewards[0][1]
+  dataset = _reasoning_gym._create(*fn.dataset)
+  graded = _reasoning_gym._Correct(*fn.dataset, "answer_tag", True)
+  graded.sandbox = fn.sandbox  # the same worker, partial credit on
+  for example in (task.train[i] for i in range(4)):
+    answers = [a for a in _ordinary(name, example) if a.strip()]
+    texts = [f"<answer>{a}</answer>" for a in answers]
+    n = len(texts)
+    samples = rewards.Samples(
+      texts, np.ones(n), np.zeros(n, bool), [example] * n
+    )
+    expected = np.asarray(
+      [dataset.score_answer(a.strip(), example) for a in answers], np.float32
+    )
+    out = graded(samples)
+    np.testing.assert_array_equal(out.values, expected)
+    assert out.parsed.all()
+    binary = fn(samples)
+    np.testing.assert_array_equal(binary.values, expected >= 1.0)
+
+
+def test_a_hanging_answer_scores_zero_and_the_batch_goes_on(sandboxed):
+  # puzzle24's scorer computes 9**9**9**9 with sympy (uninterruptible).
+  task = sandboxed["puzzle24"]
+  example = task.train[0]
+  gold = f"<answer>{example['answer']}</answer>"
+  n = 3
+  texts = [gold, "<answer>9**9**9**9</answer>", gold]
+  samples = rewards.Samples(texts, np.ones(n), np.zeros(n, bool), [example] * n)
+  faulthandler.dump_traceback_later(300, exit=True)  # a hang guard
+  try:
+    out = task.rewards[0][1](samples)
+  finally:
+    faulthandler.cancel_dump_traceback_later()
+  np.testing.assert_array_equal(out.values, [1, 0, 1])
+  np.testing.assert_array_equal(out.parsed, [1, 0, 1])
+
+
+def test_tasks_build_and_pickle_without_starting_a_process():
+  task = tasks.reasoning_gym("basic_arithmetic", size=4, test_size=1)
+  fn = task.rewards[0][1]
+  assert repr(fn.sandbox).startswith("Sandbox(idle")
+  copy = pickle.loads(pickle.dumps(task.rewards))[0][1]
+  assert repr(copy.sandbox).startswith("Sandbox(idle")
+  assert len(pickle.dumps(task.rewards)) < 4096
+  countdown = tasks.reasoning_gym("countdown", size=2, test_size=1)
+  assert countdown.rewards[0][1].sandbox is None  # scored natively
+
+
+class _ForgedSandbox:
+  """What a worker taken over by an answer could send back."""
+
+  def map(self, fn, calls):
+    from rljax.sandbox import Outcome
+
+    forged = [
+      Outcome("ok", "1.0"),
+      Outcome("ok", float("inf")),
+      Outcome("ok", 10**400),
+      Outcome("ok", [1.0]),
+      Outcome("ok", 1.0),
+      Outcome("timeout", error="timed out after 10 s"),
+      Outcome("crashed", error="signal SIGSEGV"),
+    ]
+    return forged[: len(calls)]
+
+
+def test_what_the_worker_sends_back_is_never_trusted(caplog):
+  task = tasks.reasoning_gym("gsm_symbolic", size=2, test_size=1)
+  fn = task.rewards[0][1]
+  fn.sandbox = _ForgedSandbox()
+  example = task.train[0]
+  texts = [f"<answer>{i}</answer>" for i in range(7)]
+  values, metrics = _score(task, texts, example)
+  assert values == [0, 0, 0, 0, 1, 0, 0]
+  assert metrics["unparseable/correct"] == pytest.approx(6 / 7)
+  assert "6 of 7 answers could not be scored" in caplog.text
