@@ -20,8 +20,14 @@ def test_grpo_demo_raises_held_out_accuracy(tmp_path):
   summary = Trainer(config).run()
   before = summary["before"]["eval_accuracy"]
   after = summary["after"]["eval_accuracy"]
-  # Measured: 0.60 -> 0.80 (256 held-out prompts, greedy).
-  assert after >= before + 0.1, (before, after)
+  # Where the warm start lands is chaotic: XLA's reduction order differs with
+  # the device count and the CPU, and 800 constant-rate Adam steps amplify it
+  # (measured, experiments/demo_robustness.py: before 46-90% over seeds 0-2
+  # x 1 and 8 devices). RL's gain is what holds: +4.7 to +16.0 points
+  # (median +7.4) in those six runs, +9.4 and +21.8 in the two that issue 11
+  # reported on another machine. Two points keep a margin over the smallest
+  # and still fail a run that does not learn.
+  assert after >= before + 0.02, (before, after)
   # No collapse: every periodic evaluation stays near or above the start.
   evals = [
     h["eval_accuracy"] for h in summary["history"] if "eval_accuracy" in h
