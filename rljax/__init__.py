@@ -35,12 +35,14 @@ from rljax._src.base import finalize
 from rljax._src.base import mean_metric
 from rljax._src.base import stateless_apply
 from rljax._src.base import stateless_prepare
+from rljax._src.tables import PromptTable
 
 __all__ = [
   "Algorithm",
   "Batch",
   "LossTerms",
   "Mean",
+  "PromptTable",
   "Transform",
   "advantages",
   "aggregate",

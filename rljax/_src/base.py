@@ -12,6 +12,30 @@ transform is three pure functions:
   ``terms.logp_PGT`` carries the gradient: it adds a per-token policy surrogate
   or a penalty (KL, entropy bonus), or multiplies the policy term by a mask.
 
+Two optional functions open the loss to whole-batch statistics and to state
+that learns from the loss (dual variables, adaptive clip bounds):
+
+* ``measure(terms, batch, state) -> {name: Mean}``: a statistic of the
+  current policy on one micro-batch (``terms`` holds the current log-probs and
+  entropies, nothing else yet). Each optimizer step first runs a forward pass
+  over its whole minibatch, sums the `Mean`s over micro-batches and devices,
+  so the values are exactly the minibatch's, whatever the micro-batching or
+  sharding.
+* ``observe(state, stats) -> state``: runs once per optimizer step, before
+  the loss, with the values of the transform's own ``measure`` (``{}`` when it
+  has none); ``apply`` then reads what it stored. Use it for a dual-variable
+  step, bounds searched over the batch, or a per-step schedule.
+
+Side data. `Batch` carries the prompt id (``prompt_ids_P``, the dataset index,
+so a transform can keep a per-prompt table in its state), the completion
+token ids (``tokens_PGT``), a frozen scoring model's token log-probs
+(``teacher_logp_PGT``) and ``extra``: named arrays that one stage writes in
+``prepare`` (`Batch.with_extra`) and a later one reads (`Batch.get`), sliced
+with the batch into minibatches and micro-batches. An ``extra`` name ends
+with its layout, ``_P``, ``_PG`` or ``_PGT`` (``correct_PG``,
+``eps_low_PGT``). During ``prepare`` the batch also holds a PRNG ``key``
+(`Batch.require_key`), a different one for each stage of a chain.
+
 `Algorithm(transform, aggregate)` adds the one reduction from per-token losses
 to a scalar. The loss is returned as a `Mean` (numerator, denominator), so that
 micro-batches and data-parallel shards sum to the exact global value.
@@ -83,6 +107,11 @@ class Batch(NamedTuple):
   policy_weights_PGT: Optional[Array] = None  # multiply the policy term only
   truncated_PG: Optional[Array] = None  # hit the length limit without EOS
   baseline_rewards_P: Optional[Array] = None  # e.g. ReMax greedy reward
+  prompt_ids_P: Optional[Array] = None  # int32 dataset index of each prompt
+  tokens_PGT: Optional[Array] = None  # int32 completion token ids
+  teacher_logp_PGT: Optional[Array] = None  # a frozen scoring model's
+  extra: Optional[dict[str, Array]] = None  # side data; see `with_extra`
+  key: Optional[Array] = None  # PRNG key, present during `prepare` only
 
   @property
   def shape(self) -> tuple[int, int, int]:
@@ -108,13 +137,71 @@ class Batch(NamedTuple):
         " chain)."
       )
 
+  def with_extra(self, **arrays: ArrayLike) -> "Batch":
+    """A batch whose ``extra`` also holds `arrays` (replacing equal names).
+
+    Each name ends with its layout: ``_P`` [prompts], ``_PG`` [prompts,
+    samples] or ``_PGT`` [prompts, samples, tokens]; trailing dimensions
+    after the layout are allowed (``_PGK`` style is not: use ``_PG`` with a
+    trailing axis).
+    """
+    for name, value in arrays.items():
+      _check_extra(name, value, self.shape)
+    return self._replace(
+      extra={
+        **(self.extra or {}),
+        **{k: jnp.asarray(v) for k, v in arrays.items()},
+      }
+    )
+
+  def get(self, name: str, *, by: str) -> Array:
+    """``extra[name]``, or a clear error naming the stage that writes it."""
+    if not self.extra or name not in self.extra:
+      have = sorted(self.extra or {})
+      raise ValueError(
+        f"{by} needs Batch.extra[{name!r}] (present: {have}); put the"
+        " transform that writes it earlier in the chain, or add it with"
+        " Batch.with_extra."
+      )
+    return self.extra[name]
+
+  def require_key(self, *, by: str) -> Array:
+    """The PRNG key of a randomised batch stage."""
+    if self.key is None:
+      raise ValueError(
+        f"{by} is randomised and needs a PRNG key: call"
+        " Algorithm.prepare(batch, state, key=...) (the Trainer does)."
+      )
+    return self.key
+
+
+_LAYOUTS = {"P": 1, "PG": 2, "PGT": 3}
+
+
+def _check_extra(name: str, value: ArrayLike, shape) -> None:
+  layout = name.rsplit("_", 1)[-1] if "_" in name else ""
+  if layout not in _LAYOUTS:
+    raise ValueError(
+      f"Batch.extra name {name!r} must end with its layout _P, _PG or _PGT"
+      " (e.g. 'correct_PG', 'eps_low_PGT'), so that it is sliced with the"
+      " batch."
+    )
+  lead = shape[: _LAYOUTS[layout]]
+  checks.leading_shape(
+    f"Batch.extra[{name!r}]", value, lead, f"Batch.mask_PGT[:{len(lead)}]"
+  )
+
 
 def check_batch(batch: Batch) -> None:
   """Validate the layout of every field present in `batch`."""
   checks.rank("Batch.mask_PGT", batch.mask_PGT, 3, "[prompts, samples, tokens]")
   expected = {"PGT": batch.shape, "PG": batch.shape[:2], "P": batch.shape[:1]}
   for name, value in batch._asdict().items():
-    if value is None:
+    if value is None or name == "key":
+      continue
+    if name == "extra":
+      for extra_name, extra_value in value.items():
+        _check_extra(extra_name, extra_value, batch.shape)
       continue
     suffix = name.rsplit("_", 1)[-1]
     if suffix == "PGK":
@@ -147,11 +234,13 @@ class LossTerms(NamedTuple):
 
 
 class Transform(NamedTuple):
-  """Three pure functions; see the module docstring."""
+  """Three pure functions and two optional ones; see the module docstring."""
 
   init: Callable[[], State]
   prepare: Callable[[Batch, State], tuple[Batch, State]]
   apply: Callable[[LossTerms, Batch, State], LossTerms]
+  measure: Optional[Callable[[LossTerms, Batch, State], dict[str, Mean]]] = None
+  observe: Optional[Callable[[State, dict[str, Array]], State]] = None
 
 
 def _keep_batch(batch: Batch, state: State) -> tuple[Batch, State]:
@@ -203,18 +292,41 @@ def chain(*transforms: Transform) -> Transform:
     return state
 
   def prepare(batch, state):
-    new_state = []
-    for t, s in zip(transforms, _states(state)):
+    key, new_state = batch.key, []
+    for i, (t, s) in enumerate(zip(transforms, _states(state))):
+      if key is not None:
+        batch = batch._replace(key=jax.random.fold_in(key, i))
       batch, s = t.prepare(batch, s)
       new_state.append(s)
-    return batch, tuple(new_state)
+    return batch._replace(key=key), tuple(new_state)
 
   def apply(terms, batch, state):
     for t, s in zip(transforms, _states(state)):
       terms = t.apply(terms, batch, s)
     return terms
 
-  return Transform(init, prepare, apply)
+  def measure(terms, batch, state):
+    return tuple(
+      t.measure(terms, batch, s) if t.measure else {}
+      for t, s in zip(transforms, _states(state))
+    )
+
+  def observe(state, stats):
+    stats = stats or ({},) * len(transforms)
+    return tuple(
+      t.observe(s, st) if t.observe else s
+      for t, s, st in zip(transforms, _states(state), stats)
+    )
+
+  measures = any(t.measure for t in transforms)
+  observes = any(t.observe for t in transforms)
+  return Transform(
+    init,
+    prepare,
+    apply,
+    measure=measure if measures else None,
+    observe=observe if observes else None,
+  )
 
 
 class Aggregation(Protocol):
@@ -242,10 +354,53 @@ class Algorithm(NamedTuple):
   def init(self) -> State:
     return self.transform.init()
 
-  def prepare(self, batch: Batch, state: State) -> tuple[Batch, State]:
-    """Once per rollout batch: shaping, filters, advantages, weights."""
+  def prepare(
+    self, batch: Batch, state: State, *, key: Optional[Array] = None
+  ) -> tuple[Batch, State]:
+    """Once per rollout batch: shaping, filters, advantages, weights.
+
+    `key` feeds randomised stages (`Batch.require_key`); the returned batch
+    no longer holds it.
+    """
     check_batch(batch)
-    return self.transform.prepare(batch, state)
+    batch, state = self.transform.prepare(batch._replace(key=key), state)
+    return batch._replace(key=None), state
+
+  @property
+  def measures(self) -> bool:
+    """Whether a stage measures whole-minibatch statistics (`measure`)."""
+    return self.transform.measure is not None
+
+  def measure(
+    self,
+    logp_PGT: ArrayLike,
+    batch: Batch,
+    state: State,
+    *,
+    entropy_PGT: Optional[ArrayLike] = None,
+    key: Optional[Array] = None,
+  ) -> Any:
+    """The stages' statistics of one (micro)batch, as a pytree of `Mean`s.
+
+    Sum the trees of disjoint parts leaf by leaf; pass the result to
+    `observe`. Returns ``{}`` when no stage measures anything.
+    """
+    if not self.measures:
+      return {}
+    check_batch(batch)
+    terms = _initial_terms(jnp.asarray(logp_PGT), batch, entropy_PGT, key)
+    stats = self.transform.measure(terms, batch, state)
+    return jax.lax.stop_gradient(stats)
+
+  def observe(self, state: State, stats: Any) -> State:
+    """The state after one optimizer step's statistics (see the module
+    docstring); `stats` is `measure`'s tree summed over the minibatch."""
+    if self.transform.observe is None:
+      return state
+    values = jax.tree.map(
+      lambda m: m.value, stats, is_leaf=lambda x: isinstance(x, Mean)
+    )
+    return self.transform.observe(state, values)
 
   def loss(
     self,
@@ -270,16 +425,7 @@ class Algorithm(NamedTuple):
       entropy_PGT,
     )
     logp_PGT = jnp.asarray(logp_PGT)
-    zeros = jnp.zeros(batch.shape, jnp.float32)
-    terms = LossTerms(
-      logp_PGT=logp_PGT,
-      entropy_PGT=entropy_PGT,
-      key=key,
-      policy_loss_PGT=zeros,
-      policy_weight_PGT=jnp.ones_like(zeros),
-      penalty_PGT=zeros,
-      metrics={},
-    )
+    terms = _initial_terms(logp_PGT, batch, entropy_PGT, key)
     terms = self.transform.apply(terms, batch, state)
     weight = terms.policy_weight_PGT
     if batch.policy_weights_PGT is not None:
@@ -291,6 +437,19 @@ class Algorithm(NamedTuple):
     metrics.update(terms.metrics)
     metrics["loss"] = loss
     return loss, metrics
+
+
+def _initial_terms(logp_PGT, batch, entropy_PGT, key) -> LossTerms:
+  zeros = jnp.zeros(batch.shape, jnp.float32)
+  return LossTerms(
+    logp_PGT=logp_PGT,
+    entropy_PGT=entropy_PGT,
+    key=key,
+    policy_loss_PGT=zeros,
+    policy_weight_PGT=jnp.ones_like(zeros),
+    penalty_PGT=zeros,
+    metrics={},
+  )
 
 
 def old_logp(logp_PGT: Array, batch: Batch) -> Array:

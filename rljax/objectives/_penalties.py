@@ -18,6 +18,7 @@ from rljax._src.base import LossTerms
 from rljax._src.base import Mean
 from rljax._src.base import Transform
 from rljax._src.base import mean_metric
+from rljax._src.base import old_logp
 
 Estimator = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -26,28 +27,47 @@ def _scalar_metric(x) -> Mean:
   return Mean(jnp.asarray(x, jnp.float32), jnp.ones((), jnp.float32))
 
 
-def _add_kl(terms, batch, estimator, coef) -> LossTerms:
-  batch.require("ref_logp_PGT", by="kl_penalty")
-  kl = estimator(terms.logp_PGT, batch.ref_logp_PGT)
+_AGAINST = ("reference", "old")
+
+
+def _add_kl(terms, batch, estimator, coef, against="reference") -> LossTerms:
+  if against == "reference":
+    batch.require("ref_logp_PGT", by="kl_penalty")
+    other, name = batch.ref_logp_PGT, "kl_ref"
+  else:
+    other, name = old_logp(terms.logp_PGT, batch), "kl_old_penalty"
+  kl = estimator(terms.logp_PGT, other)
   metrics = dict(terms.metrics)
-  metrics["kl_ref"] = mean_metric(jax.lax.stop_gradient(kl), batch.loss_mask())
-  metrics["kl_coef"] = _scalar_metric(coef)
+  metrics[name] = mean_metric(jax.lax.stop_gradient(kl), batch.loss_mask())
+  metrics[f"{name}_coef" if against == "old" else "kl_coef"] = _scalar_metric(
+    coef
+  )
   return terms._replace(
     penalty_PGT=terms.penalty_PGT + coef * kl, metrics=metrics
   )
 
 
-def kl_penalty(estimator: Estimator, *, coef: float = 1e-3) -> Transform:
-  """Add coef * estimator(logp, ref_logp) per token (verl `use_kl_loss`).
+def kl_penalty(
+  estimator: Estimator, *, coef: float = 1e-3, against: str = "reference"
+) -> Transform:
+  """Add coef * estimator(logp, other_logp) per token (verl `use_kl_loss`).
 
-  Use k3 (`rljax.losses.kl_k3`) or k2 in the loss: k1's expected gradient is
-  zero on-policy, so as a loss it does nothing on average.
+  ``against="reference"`` penalises the distance to the frozen reference
+  (`Batch.ref_logp_PGT`); ``against="old"`` to the behaviour policy of the
+  batch (`Batch.old_logp_PGT`; on-policy, the detached current log-probs, so
+  the penalty and its gradient are zero on the first step and grow as the
+  update moves away: MDPO, Kimi's OPMD, REP). Use k3 (`rljax.losses.kl_k3`)
+  or k2 in the loss: k1's expected gradient is zero on-policy, so as a loss
+  it does nothing on average.
   """
   checks.non_negative(coef=coef)
+  checks.one_of("against", against, _AGAINST)
   return Transform(
     init=lambda: (),
     prepare=lambda batch, state: (batch, state),
-    apply=lambda terms, batch, state: _add_kl(terms, batch, estimator, coef),
+    apply=lambda terms, batch, state: _add_kl(
+      terms, batch, estimator, coef, against
+    ),
   )
 
 
