@@ -90,7 +90,7 @@ def score(samples: Samples, rewards: RewardSpec) -> Scores:
   References:
     TRL `GRPOTrainer` (`reward_funcs`, `reward_weights`, nansum of rewards).
   """
-  specs = _specs(rewards)
+  specs = as_specs(rewards)
   n = _num_samples(samples)
   results = [_run(name, fn, samples, n) for name, fn, _ in specs]
   values_NK = np.stack([values for values, _ in results], axis=-1)
@@ -106,8 +106,9 @@ def score(samples: Samples, rewards: RewardSpec) -> Scores:
   return Scores(values_NK, weights_K, names, total_N, metrics)
 
 
-def _specs(rewards: RewardSpec) -> list[tuple[str, RewardFn, float]]:
-  """Normalise either spec form to [(name, fn, weight)] and validate it."""
+def as_specs(rewards: RewardSpec) -> list[tuple[str, RewardFn, float]]:
+  """Either spec form of `score` as [(name, fn, weight)], validated (a
+  `ValueError` names the bad entry)."""
   if isinstance(rewards, Mapping):
     items = [
       (name, *pair) if isinstance(pair, (tuple, list)) else (name, pair)

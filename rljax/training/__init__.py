@@ -14,6 +14,7 @@ from rljax.training._config import SamplerSpec
 from rljax.training._config import TaskSpec
 from rljax.training._config import TrainSpec
 from rljax.training._config import override
+from rljax.training._rollout import Scored
 from rljax.training._step import Models
 from rljax.training._step import PolicyState
 from rljax.training._step import Sequences
@@ -35,6 +36,7 @@ __all__ = [
   "PolicyState",
   "RunConfig",
   "SamplerSpec",
+  "Scored",
   "Sequences",
   "TaskSpec",
   "TrainSpec",

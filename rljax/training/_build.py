@@ -9,9 +9,12 @@ import jax.numpy as jnp
 import optax
 
 from rljax import checkpoints
+from rljax import rewards as rewards_lib
 from rljax import sharding
-from rljax import testing
 from rljax._src.base import Algorithm
+from rljax._src.errors import UserError
+from rljax._src.examples import random_batch
+from rljax._src.tables import PromptTable
 from rljax.models import ModelConfig
 from rljax.models import Transformer
 from rljax.models import ValueModel
@@ -118,15 +121,16 @@ def optimizer(spec: OptimSpec):
 
 def needs_field(algorithm: Algorithm, field: str) -> bool:
   """Whether `algorithm` fails without ``Batch.<field>`` (traced, not run)."""
-  batch = testing.random_batch(0, prompts=2, samples=2, tokens=3)
+  batch = random_batch(0, prompts=2, samples=2, tokens=3)
   batch = batch._replace(**{field: None})
   logp = jnp.zeros(batch.mask_PGT.shape)
+  key = jax.random.key(0)
 
   def run():
-    prepared, state = algorithm.prepare(batch, algorithm.init())
-    return algorithm.loss(
-      logp, prepared, state, entropy_PGT=logp, key=jax.random.key(0)
-    )
+    prepared, state = algorithm.prepare(batch, algorithm.init(), key=key)
+    stats = algorithm.measure(logp, prepared, state, entropy_PGT=logp, key=key)
+    state = algorithm.observe(state, stats)
+    return algorithm.loss(logp, prepared, state, entropy_PGT=logp, key=key)
 
   try:
     jax.eval_shape(run)
@@ -190,3 +194,57 @@ def init_state(
     value=value,
   )
   return state, jax.tree.map(lambda x: x.sharding, state)
+
+
+def check_rewards(rewards) -> tuple:
+  """``Trainer(rewards=...)`` in either `rljax.rewards.score` form, as
+  ``((name, fn, weight), ...)``; bad entries are a `UserError`."""
+  try:
+    return tuple(rewards_lib.as_specs(rewards))
+  except ValueError as e:
+    raise UserError(f"Trainer(rewards=...): {e}") from e
+
+
+def place_teacher(teacher, policy: Transformer, needed: bool, mesh):
+  """``(graphdef, params on the mesh)`` of the frozen scoring model, or None.
+
+  Raises a `UserError` when a stage reads ``Batch.teacher_logp_PGT`` and no
+  teacher was given, or when its vocabulary differs from the policy's.
+  """
+  if teacher is None:
+    if needed:
+      raise UserError(
+        "the algorithm reads Batch.teacher_logp_PGT (a frozen model's token"
+        " log-probs): pass the model as Trainer(config, teacher=model)."
+      )
+    return None
+  vocab = getattr(getattr(teacher, "config", None), "vocab_size", None)
+  if vocab != policy.config.vocab_size:
+    raise UserError(
+      f"Trainer(teacher=...) has vocabulary size {vocab}, the policy"
+      f" {policy.config.vocab_size}; the teacher scores the policy's tokens,"
+      " so it must share its tokenizer."
+    )
+  state = nnx.state(teacher)
+  return (
+    nnx.graphdef(teacher),
+    jax.device_put(state, sharding.param_shardings(state, mesh)),
+  )
+
+
+def check_prompt_tables(algo_state, num_prompts: int) -> None:
+  """Every `PromptTable` in the algorithm state covers the training set."""
+  tables = [
+    x
+    for x in jax.tree.leaves(
+      algo_state, is_leaf=lambda x: isinstance(x, PromptTable)
+    )
+    if isinstance(x, PromptTable)
+  ]
+  for table in tables:
+    if table.num_prompts < num_prompts:
+      raise UserError(
+        f"the algorithm keeps a per-prompt table of {table.num_prompts}"
+        f" prompts, and the task's training set has {num_prompts}; build"
+        f" the transform with num_prompts={num_prompts} (len(task.train))."
+      )

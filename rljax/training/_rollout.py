@@ -12,6 +12,7 @@ import numpy as np
 
 from rljax import rewards as rewards_lib
 from rljax import sampling
+from rljax._src.errors import UserError
 from rljax.sampling import Rollout
 from rljax.tokenizers import Tokenizer
 from rljax.training import _hosts
@@ -27,6 +28,7 @@ class Scored(NamedTuple):
   completions: list[str]  # P * G completion texts, prompt-major
   scores: Any  # rljax.rewards.Scores over the P * G samples
   rewards_PG: np.ndarray  # the weighted total, float32
+  prompt_ids_P: Optional[np.ndarray] = None  # int32 dataset indices
 
 
 def encode_prompts(
@@ -58,6 +60,7 @@ def sample_and_score(
   chat: bool,
   mesh=None,
   global_rows: Optional[int] = None,
+  prompt_ids: Optional[Sequence[int]] = None,
   **sampler_kwargs,
 ) -> Scored:
   """Sample G completions per example and score them with the task.
@@ -99,6 +102,9 @@ def sample_and_score(
     completions=completions,
     scores=scores,
     rewards_PG=np.asarray(scores.total_N, np.float32).reshape(p, g),
+    prompt_ids_P=None
+    if prompt_ids is None
+    else np.asarray(prompt_ids, np.int32),
   )
 
 
@@ -147,4 +153,33 @@ def take_groups(scored: Sequence[Scored], order: np.ndarray) -> Scored:
     completions=[completions[i] for i in sample_order],
     scores=scores,
     rewards_PG=cat([s.rewards_PG for s in scored])[order],
+    prompt_ids_P=None
+    if scored[0].prompt_ids_P is None
+    else cat([s.prompt_ids_P for s in scored])[order],
   )
+
+
+def annotations(annotate, scored: Scored) -> dict[str, np.ndarray]:
+  """``annotate(scored)``'s side data for ``Batch.extra``, checked."""
+  p, g, _ = scored.rollout.tokens_PGT.shape
+  out = annotate(scored)
+  if not isinstance(out, dict):
+    raise UserError(
+      f"Trainer(annotate=...) returned a {type(out).__name__}; it must"
+      " return a dict of arrays, e.g. {'answer_ids_PG': ids}."
+    )
+  shapes = {
+    "P": (p,),
+    "PG": (p, g),
+    "PGT": tuple(scored.rollout.mask_PGT.shape),
+  }
+  for name, value in out.items():
+    lead = shapes.get(name.rsplit("_", 1)[-1])
+    value = np.asarray(value)
+    if lead is None or value.shape[: len(lead)] != lead:
+      raise UserError(
+        f"Trainer(annotate=...) returned {name!r} with shape {value.shape};"
+        " names end with their layout (_P, _PG or _PGT) and the array's"
+        f" leading shape must match this process's rows ({shapes})."
+      )
+  return {k: np.asarray(v) for k, v in out.items()}

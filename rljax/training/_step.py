@@ -11,6 +11,11 @@ exactly the minibatch's: the loss is a `Mean(num, den)`, the denominator does
 not depend on the parameters, so the gradient of the whole is
 sum(grad num) / sum(den).
 
+Before each optimizer step, stages with ``Transform.measure`` get their
+statistic over the whole minibatch (a forward pass, summed over micro-batches
+and devices) and ``Transform.observe`` updates the algorithm state the loss
+then reads (dual variables, bounds searched over the batch).
+
 Every optimizer step is guarded: when the loss, the gradient or the updated
 parameters hold a NaN or an infinity, the step leaves the state as it was
 (parameters, optimizer state, step count) and says so in its metrics
@@ -159,6 +164,16 @@ def _accumulated_grads(loss_fn, params, data, microbatches):
   return total
 
 
+def _policy_logprobs(models, spec, params, seqs):
+  return completion_logprobs(
+    nnx.merge(models.policy, params),
+    seqs,
+    spec.completion_width,
+    temperature=spec.temperature,
+    schedule=spec.schedule,
+  )
+
+
 def _policy_grads(
   models, algorithm, spec, params, algo_state, seqs, batch, key
 ):
@@ -166,13 +181,7 @@ def _policy_grads(
 
   def loss(params, rows, i):
     mb_seqs, mb_batch = rows
-    logp, entropy = completion_logprobs(
-      nnx.merge(models.policy, params),
-      mb_seqs,
-      spec.completion_width,
-      temperature=spec.temperature,
-      schedule=spec.schedule,
-    )
+    logp, entropy = _policy_logprobs(models, spec, params, mb_seqs)
     return algorithm.loss(
       logp,
       mb_batch,
@@ -182,6 +191,45 @@ def _policy_grads(
     )
 
   return _accumulated_grads(loss, params, (seqs, batch), spec.microbatches)
+
+
+def _measured(models, algorithm, spec, params, algo_state, seqs, batch, key):
+  """`Algorithm.measure` summed over the micro-batches of a minibatch: a
+  forward pass at the current parameters, no gradient."""
+  rows = batch.mask_PGT.shape[0] // spec.microbatches
+
+  def micro(i):
+    mb_seqs, mb_batch = _rows((seqs, batch), i * rows, rows)
+    logp, entropy = _policy_logprobs(models, spec, params, mb_seqs)
+    return algorithm.measure(
+      jax.lax.stop_gradient(logp),
+      mb_batch,
+      algo_state,
+      entropy_PGT=jax.lax.stop_gradient(entropy),
+      key=jax.random.fold_in(key, i),
+    )
+
+  first = micro(0)
+  if spec.microbatches == 1:
+    return first
+  total, _ = jax.lax.scan(
+    lambda carry, i: (_add(carry, micro(i)), None),
+    first,
+    jnp.arange(1, spec.microbatches),
+  )
+  return total
+
+
+def _observed(models, algorithm, spec, params, algo_state, seqs, batch, key):
+  """The algorithm state for this optimizer step (`Transform.observe`)."""
+  if algorithm.transform.observe is None:
+    return algo_state
+  stats = {}
+  if algorithm.measures:
+    stats = _measured(
+      models, algorithm, spec, params, algo_state, seqs, batch, key
+    )
+  return algorithm.observe(algo_state, stats)
 
 
 def _value_grads(models, spec, params, seqs, batch):
@@ -224,6 +272,20 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
   parameters are finite (see the module docstring).
   """
   policy = state.policy
+  # Whole-minibatch statistics and state that learns from them come first;
+  # the loss then reads the observed state (see rljax.Transform).
+  policy = policy._replace(
+    algo_state=_observed(
+      models,
+      algorithm,
+      spec,
+      policy.params,
+      policy.algo_state,
+      seqs,
+      batch,
+      key,
+    )
+  )
   grads, den, metrics = _policy_grads(
     models,
     algorithm,
@@ -248,7 +310,7 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
   grads_ok = all_finite(grads)
   params_ok = all_finite(stepped.params)
   ok = jnp.logical_and(jnp.logical_and(loss_ok, grads_ok), params_ok)
-  policy = _keep_if(ok, stepped, policy)
+  policy = _keep_if(ok, stepped, state.policy)
   metrics.update(
     nonfinite_loss=_flag(~jnp.asarray(loss_ok)),
     nonfinite_grads=_flag(~grads_ok),

@@ -25,7 +25,7 @@ A run either continues correctly or stops with a message saying what to do
   checkpointed; ``train.nonfinite`` stops the run or skips the update.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import dataclasses
 import fnmatch
 import functools
@@ -194,11 +194,26 @@ class Trainer:
 
   Resumes from the latest intact checkpoint in the checkpoint directory
   when there is one (``resume=False`` starts over, moving a previous run in
-  the output directory aside). ``algorithm`` trains an `Algorithm` built in
-  code (a new objective chained from transforms) instead of the preset that
-  ``config.algorithm`` names. ``allow_changes`` lists config fields (fnmatch
-  patterns) that may differ from the checkpoint's when resuming, besides
-  `RESUMABLE_CHANGES`.
+  the output directory aside). ``allow_changes`` lists config fields
+  (fnmatch patterns) that may differ from the checkpoint's when resuming,
+  besides `RESUMABLE_CHANGES`.
+
+  Parts built in code replace what the config names:
+
+  * ``algorithm``: an `Algorithm` (a new objective chained from transforms)
+    instead of the preset ``config.algorithm`` names;
+  * ``task``: a `rljax.tasks.Task` instead of ``config.task.name``;
+  * ``rewards``: reward functions, ``[(name, fn, weight), ...]`` as for
+    `rljax.rewards.score`, instead of the task's own;
+  * ``teacher``: a frozen model (same vocabulary as the policy) whose token
+    log-probs of every sampled completion, at the sampler's temperature,
+    fill ``Batch.teacher_logp_PGT`` when a stage reads them (a teacher to
+    distil, a DPO policy, a judge);
+  * ``annotate``: ``fn(scored) -> {name: array}`` adds side data to each
+    rollout batch (``Batch.extra``; names end in ``_P``, ``_PG`` or
+    ``_PGT``), computed on the host from this process's rows of the scored
+    rollout (`rljax.training.Scored`: examples, completions, scores), e.g.
+    answer-cluster ids for a label-free reward.
   """
 
   def __init__(
@@ -207,6 +222,10 @@ class Trainer:
     *,
     resume: bool = True,
     algorithm: Optional[Algorithm] = None,
+    task: Optional[tasks.Task] = None,
+    rewards: Optional[Sequence[tuple]] = None,
+    teacher: Optional[nnx.Module] = None,
+    annotate: Optional[Callable[[Any], dict]] = None,
     allow_changes: Sequence[str] = (),
   ):
     self.config = c = validate(config)
@@ -215,15 +234,17 @@ class Trainer:
     self.allow_changes = (*RESUMABLE_CHANGES, *allow_changes)
     self.directory = pathlib.Path(c.output.directory)
     self._writer = jax.process_index() == 0  # logs, rollouts, plots
+    self.annotate = annotate
     with self._locked():
-      self._build(resume, algorithm)
+      self._build(resume, algorithm, task, rewards, teacher)
 
   def _locked(self):
     """The output directory's run lock (see `_run_dir.lock`)."""
     return _run_dir.lock(self.directory, active=self._writer)
 
-  def _build(self, resume: bool, algorithm: Optional[Algorithm]) -> None:
-    """Everything from the config; restores or warm-starts the policy."""
+  def _build(self, resume, algorithm, task, rewards, teacher) -> None:
+    """Everything from the config (or the parts given in code); restores or
+    warm-starts the policy."""
     c = self.config
     checkpoints = (
       c.output.checkpoint_directory or self.directory / "checkpoints"
@@ -232,7 +253,13 @@ class Trainer:
       self._clear_previous_run(checkpoints)
     # The rows of each global batch of prompts this process handles.
     self.rows = _hosts.own_rows(self.mesh, c.train.prompts_per_step)
-    self.task = _from_config("task", tasks.get, c.task.name, **c.task.kwargs)
+    self.task = task or _from_config(
+      "task", tasks.get, c.task.name, **c.task.kwargs
+    )
+    if rewards is not None:
+      self.task = dataclasses.replace(
+        self.task, rewards=_build.check_rewards(rewards)
+      )
     model, self.tokenizer = _from_config(
       "model", _build.build_policy, c.model, self.task.alphabet, c.train.seed
     )
@@ -243,11 +270,16 @@ class Trainer:
       f: _build.needs_field(self.algorithm, f)
       for f in (
         "ref_logp_PGT",
+        "old_logp_PGT",
         "old_values_PGT",
         "old_entropy_PGT",
         "baseline_rewards_P",
+        "teacher_logp_PGT",
       )
     }
+    self.teacher = _build.place_teacher(
+      teacher, model, self.needs["teacher_logp_PGT"], self.mesh
+    )
     critic = (
       _build.value_model_like(model) if self.needs["old_values_PGT"] else None
     )
@@ -287,6 +319,9 @@ class Trainer:
       algorithm=self.algorithm,
       mesh=self.mesh,
     )
+    _build.check_prompt_tables(
+      self.state.policy.algo_state, len(self.task.train)
+    )
     if resuming:
       self._restore()
     self.spec = UpdateSpec(
@@ -304,9 +339,13 @@ class Trainer:
       out_shardings=(self.shardings, None),
       donate_argnums=0,
     )
-    self._prepare = jax.jit(self.algorithm.prepare)
+    self._prepare = jax.jit(
+      lambda batch, s, key: self.algorithm.prepare(batch, s, key=key)
+    )
     self._keep = jax.jit(
-      lambda batch, s: kept_groups(self.algorithm.prepare(batch, s)[0])
+      lambda batch, s, key: kept_groups(
+        self.algorithm.prepare(batch, s, key=key)[0]
+      )
     )
 
   def _clear_previous_run(self, checkpoints) -> None:
@@ -337,9 +376,11 @@ class Trainer:
 
     Global batch ``k`` is items ``[k P, (k + 1) P)`` of the shuffled,
     repeated training set whatever the number of processes, so the
-    iterator's position means the same on any number of hosts.
+    iterator's position means the same on any number of hosts. Each item
+    is ``(dataset index, example)``; the index becomes the prompt id.
     """
-    stream = self.task.train.shuffle(seed=train.seed).repeat()
+    stream = self.task.train.map_with_index(lambda i, e: (i, e))
+    stream = stream.shuffle(seed=train.seed).repeat()
     size, rows = train.prompts_per_step, self.rows
     batches = grain.MapDataset.range(len(stream) // size).map(
       lambda k: [stream[k * size + int(r)] for r in rows]
@@ -461,11 +502,18 @@ class Trainer:
       **sampler_kwargs,
     )
 
-  def _train_sample(self, examples, key):
+  def _next_prompts(self):
+    """(prompt ids, examples) of this process's rows of the next batch."""
+    ids, examples = zip(*next(self._iterator))
+    return list(ids), list(examples)
+
+  def _train_sample(self, prompts, key):
+    ids, examples = prompts
     s = self.config.sampler
     return self._sample(
       examples,
       key,
+      prompt_ids=ids,
       num_samples=s.num_samples,
       temperature=s.temperature,
       top_k=s.top_k,
@@ -480,17 +528,20 @@ class Trainer:
     """The global batch of a scored rollout (this process's rows)."""
     r = scored.rollout
     p, g, _ = r.tokens_PGT.shape
-    return self._global(
-      Batch(
-        mask_PGT=np.asarray(r.mask_PGT, np.float32),
-        rewards_PG=np.asarray(scored.rewards_PG),
-        rewards_PGK=np.asarray(scored.scores.values_NK).reshape(p, g, -1),
-        rollout_logp_PGT=np.asarray(r.logp_PGT),
-        truncated_PG=np.asarray(r.truncated_PG),
-      )
+    batch = Batch(
+      mask_PGT=np.asarray(r.mask_PGT, np.float32),
+      rewards_PG=np.asarray(scored.rewards_PG),
+      rewards_PGK=np.asarray(scored.scores.values_NK).reshape(p, g, -1),
+      rollout_logp_PGT=np.asarray(r.logp_PGT),
+      truncated_PG=np.asarray(r.truncated_PG),
+      prompt_ids_P=scored.prompt_ids_P,
+      tokens_PGT=np.asarray(r.tokens_PGT, np.int32),
     )
+    if self.annotate is not None:
+      batch = batch._replace(extra=_rollout.annotations(self.annotate, scored))
+    return self._global(batch)
 
-  def _fill(self, examples, key):
+  def _fill(self, prompts, key):
     """A rollout batch, refilled while the algorithm's filters drop groups.
 
     Kept groups come first; when ``max_refills`` runs out the batch is
@@ -502,11 +553,13 @@ class Trainer:
     pool, kept, dropped = [], [], []
     for attempt in range(self.config.train.max_refills + 1):
       if attempt:
-        examples = next(self._iterator)
-      scored = self._train_sample(examples, jax.random.fold_in(key, attempt))
+        prompts = self._next_prompts()
+      key_attempt = jax.random.fold_in(key, attempt)
+      scored = self._train_sample(prompts, key_attempt)
       batch = self._with_old(self._raw_batch(scored))
       keep = _hosts.to_local(
-        self._keep(batch, self.state.policy.algo_state), self.mesh
+        self._keep(batch, self.state.policy.algo_state, key_attempt),
+        self.mesh,
       )
       offset = sum(len(s.prompts) for s in pool)
       pool.append(scored)
@@ -529,8 +582,9 @@ class Trainer:
         old_values_PGT=zeros if self.needs["old_values_PGT"] else None,
         ref_logp_PGT=zeros if self.needs["ref_logp_PGT"] else None,
         old_entropy_PGT=zeros if self.needs["old_entropy_PGT"] else None,
+        teacher_logp_PGT=zeros if self.needs["teacher_logp_PGT"] else None,
       )
-    return batch._replace(**self._score(self.state, seqs))
+    return batch._replace(**self._score(self.state, self.teacher, seqs))
 
   @functools.cached_property
   def _score(self):
@@ -539,11 +593,16 @@ class Trainer:
     temperature = self.config.sampler.temperature
     schedule = self.config.model.logprob_schedule
     t = self.config.train
-    off_policy = t.epochs * t.minibatches > 1
+    # On-policy (one optimizer step per batch) the loss's own detached
+    # log-probs are the behaviour policy's; a forward pass computes them
+    # only when a batch stage reads them (importance weights against the
+    # sampler, KL in the reward).
+    old_needed = t.epochs * t.minibatches > 1 or self.needs["old_logp_PGT"]
     models, needs = self.models, self.needs
+    teacher_graph = None if self.teacher is None else self.teacher[0]
 
     @jax.jit
-    def score(state, seqs):
+    def score(state, teacher, seqs):
       out = {}
       logp = functools.partial(
         completion_logprobs,
@@ -552,16 +611,18 @@ class Trainer:
         temperature=temperature,
         schedule=schedule,
       )
-      if off_policy or needs["old_entropy_PGT"]:
+      if old_needed or needs["old_entropy_PGT"]:
         old, entropy = logp(nnx.merge(models.policy, state.policy.params))
         out["old_entropy_PGT"] = entropy
-        if off_policy:
+        if old_needed:
           out["old_logp_PGT"] = old
       if needs["ref_logp_PGT"]:
         out["ref_logp_PGT"] = logp(nnx.merge(models.policy, state.reference))[0]
       if needs["old_values_PGT"]:
         critic = nnx.merge(models.value, state.value.params)
         out["old_values_PGT"] = completion_values(critic, seqs, width)
+      if needs["teacher_logp_PGT"]:
+        out["teacher_logp_PGT"] = logp(nnx.merge(teacher_graph, teacher))[0]
       return out
 
     return score
@@ -570,13 +631,15 @@ class Trainer:
     """One RL iteration; returns its metrics as floats."""
     key = jax.random.fold_in(jax.random.key(self.config.train.seed), step)
     start = time.perf_counter()
-    examples = next(self._iterator)
-    scored, refills, num_kept = self._fill(examples, jax.random.fold_in(key, 0))
+    prompts = self._next_prompts()
+    scored, refills, num_kept = self._fill(prompts, jax.random.fold_in(key, 0))
     seqs = self._global(_rollout.sequences(scored.rollout))
     batch = self._with_old(self._raw_batch(scored), seqs)
     if self.needs["baseline_rewards_P"]:
       batch = batch._replace(baseline_rewards_P=self._greedy_rewards(scored))
-    batch, algo_state = self._prepare(batch, self.state.policy.algo_state)
+    batch, algo_state = self._prepare(
+      batch, self.state.policy.algo_state, jax.random.fold_in(key, 2)
+    )
     self.state = self.state._replace(
       policy=self.state.policy._replace(algo_state=algo_state)
     )
@@ -682,7 +745,9 @@ class Trainer:
     metrics = self.step(self.start_step)
     seqs = self._global(_rollout.sequences(self._last.rollout))
     batch = self._with_old(self._raw_batch(self._last), seqs)
-    batch, _ = self._prepare(batch, self.state.policy.algo_state)
+    batch, _ = self._prepare(
+      batch, self.state.policy.algo_state, jax.random.key(0)
+    )
     compiled = self._update.lower(
       self.state, seqs, batch, jax.random.key(0)
     ).compile()
