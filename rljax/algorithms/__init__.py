@@ -1,6 +1,8 @@
 """Algorithm presets: one-line compositions of advantages, objectives and an
-aggregation. `get(name, **kwargs)` looks one up by name."""
+aggregation. `get(name, **kwargs)` looks one up by name; `docs/papers.md`
+lists each seed paper's preset or composition."""
 
+from rljax.algorithms import _offpolicy
 from rljax.algorithms._presets import PRESETS
 from rljax.algorithms._presets import bnpo
 from rljax.algorithms._presets import cispo
@@ -16,6 +18,13 @@ from rljax.algorithms._presets import reinforce_pp
 from rljax.algorithms._presets import remax
 from rljax.algorithms._presets import rloo
 from rljax.algorithms._presets import sapo
+
+# The literature's presets, one module per family, join the registry.
+for _family in (_offpolicy,):
+  PRESETS.update(_family.PRESETS)
+globals().update(
+  {name: factory for f in (_offpolicy,) for name, factory in f.PRESETS.items()}
+)
 
 __all__ = [
   "PRESETS",

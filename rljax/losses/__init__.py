@@ -12,6 +12,15 @@ from rljax.losses._kl import kl_k2
 from rljax.losses._kl import kl_k3
 from rljax.losses._kl import kl_k3_importance_corrected
 from rljax.losses._kl import straight_through
+from rljax.losses._offpolicy import disco
+from rljax.losses._offpolicy import disco_scores
+from rljax.losses._offpolicy import kimi_opmd
+from rljax.losses._offpolicy import kl_reverse_old
+from rljax.losses._offpolicy import mdpo_step_size
+from rljax.losses._offpolicy import p3o
+from rljax.losses._offpolicy import ratio_pg
+from rljax.losses._offpolicy import rec
+from rljax.losses._offpolicy import reg_grpo
 from rljax.losses._policy import TokenLoss
 from rljax.losses._policy import cispo
 from rljax.losses._policy import cispo_capped
@@ -42,20 +51,29 @@ __all__ = [
   "cispo",
   "cispo_capped",
   "clip_cov",
+  "disco",
+  "disco_scores",
   "dpo",
   "gmpo",
   "gppo",
   "gspo",
   "gspo_token",
   "ipo",
+  "kimi_opmd",
   "kl_abs",
   "kl_cov",
   "kl_k1",
   "kl_k2",
   "kl_k3",
   "kl_k3_importance_corrected",
+  "kl_reverse_old",
   "luspo",
+  "mdpo_step_size",
+  "p3o",
   "ppo_clip",
+  "ratio_pg",
+  "rec",
+  "reg_grpo",
   "reinforce",
   "sapo",
   "sequence_logp",

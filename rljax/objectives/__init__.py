@@ -5,6 +5,8 @@ PPO value objective.
 
 from rljax.objectives._masks import off_policy_mask
 from rljax.objectives._masks import top_entropy_mask
+from rljax.objectives._offpolicy import disco
+from rljax.objectives._offpolicy import mdpo
 from rljax.objectives._penalties import adaptive_entropy_bonus
 from rljax.objectives._penalties import adaptive_kl_penalty
 from rljax.objectives._penalties import entropy_bonus
@@ -16,8 +18,10 @@ from rljax.objectives._value import value_loss
 __all__ = [
   "adaptive_entropy_bonus",
   "adaptive_kl_penalty",
+  "disco",
   "entropy_bonus",
   "kl_penalty",
+  "mdpo",
   "off_policy_mask",
   "policy",
   "randomized_policy",
