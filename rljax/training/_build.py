@@ -2,6 +2,7 @@
 
 import importlib.util
 import pathlib
+import re
 
 from flax import nnx
 import jax
@@ -120,24 +121,38 @@ def optimizer(spec: OptimSpec):
 
 
 def needs_field(algorithm: Algorithm, field: str) -> bool:
-  """Whether `algorithm` fails without ``Batch.<field>`` (traced, not run)."""
+  """Whether `algorithm` fails without ``Batch.<field>`` (traced, not run).
+
+  Side data a stage reads (``Batch.extra``, from ``Trainer(annotate=...)``
+  or an earlier stage) is stood in by zeros while tracing.
+  """
   batch = random_batch(0, prompts=2, samples=2, tokens=3)
   batch = batch._replace(**{field: None})
   logp = jnp.zeros(batch.mask_PGT.shape)
   key = jax.random.key(0)
 
-  def run():
+  def run(batch):
     prepared, state = algorithm.prepare(batch, algorithm.init(), key=key)
     stats = algorithm.measure(logp, prepared, state, entropy_PGT=logp, key=key)
     state = algorithm.observe(state, stats)
     return algorithm.loss(logp, prepared, state, entropy_PGT=logp, key=key)
 
-  try:
-    jax.eval_shape(run)
-  except ValueError as error:
-    if field in str(error):
-      return True
-    raise
+  for _ in range(32):
+    try:
+      jax.eval_shape(run, batch)
+      return False
+    except ValueError as error:
+      missing = re.search(r"needs Batch\.extra\['(\w+)'\]", str(error))
+      if missing:
+        name = missing.group(1)
+        layout = name.rsplit("_", 1)[-1]
+        batch = batch.with_extra(
+          **{name: jnp.zeros(batch.shape[: len(layout)])}
+        )
+        continue
+      if field in str(error):
+        return True
+      raise
   return False
 
 

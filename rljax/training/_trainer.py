@@ -584,7 +584,8 @@ class Trainer:
         old_entropy_PGT=zeros if self.needs["old_entropy_PGT"] else None,
         teacher_logp_PGT=zeros if self.needs["teacher_logp_PGT"] else None,
       )
-    return batch._replace(**self._score(self.state, self.teacher, seqs))
+    teacher = None if self.teacher is None else self.teacher[1]
+    return batch._replace(**self._score(self.state, teacher, seqs))
 
   @functools.cached_property
   def _score(self):

@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+import rljax
 from rljax import algorithms
 from rljax import sharding
 from rljax import testing
@@ -71,9 +72,9 @@ def _state(mesh, algorithm, optimizer, critic=False):
   return models, state
 
 
-def _run(spec, mesh=None, name="grpo"):
+def _run(spec, mesh=None, name="grpo", algorithm=None):
   mesh = mesh or sharding.make_mesh(devices=jax.devices()[:1])
-  algorithm = algorithms.get(name)
+  algorithm = algorithm or algorithms.get(name)
   critic = name == "ppo"
   models, state = _state(mesh, algorithm, optax.sgd(0.1), critic=critic)
   seqs, batch = _inputs()
@@ -145,5 +146,54 @@ def test_sharded_step_equals_single_device(mesh_sizes):
   got, got_metrics = _run(UpdateSpec(T), mesh=mesh)
   q = got.policy.params["layers"]["q_proj"]
   assert q[...].sharding.mesh.shape == mesh.shape
+  _close(want.policy.params, got.policy.params)
+  _close(want_metrics["loss"].value, got_metrics["loss"].value)
+
+
+def _entropy_weighted():
+  """grpo plus a stage whose loss weight is the minibatch's mean entropy,
+  measured before each optimizer step (measure/observe)."""
+
+  def measure(terms, batch, state):
+    del state
+    return {"h": rljax.mean_metric(terms.entropy_PGT, batch.loss_mask())}
+
+  def observe(state, stats):
+    return {"h": stats["h"], "steps": state["steps"] + 1}
+
+  def apply(terms, batch, state):
+    return terms._replace(
+      penalty_PGT=terms.penalty_PGT + state["h"] * terms.logp_PGT
+    )
+
+  stage = rljax.Transform(
+    init=lambda: {"h": jnp.zeros(()), "steps": jnp.zeros((), jnp.int32)},
+    prepare=lambda batch, state: (batch, state),
+    apply=apply,
+    measure=measure,
+    observe=observe,
+  )
+  return rljax.Algorithm(
+    rljax.chain(algorithms.grpo().transform, stage),
+    rljax.aggregate.token_mean,
+  )
+
+
+@pytest.mark.parametrize(
+  "micro,mesh_sizes", [(4, None), (1, (8, 1, 1)), (2, (2, 2, 2))]
+)
+def test_measured_statistics_are_the_whole_minibatch(micro, mesh_sizes):
+  algorithm = _entropy_weighted()
+  spec = UpdateSpec(T, epochs=2, minibatches=2)
+  want, want_metrics = _run(spec, algorithm=algorithm)
+  mesh = sharding.make_mesh(*mesh_sizes) if mesh_sizes else None
+  got, got_metrics = _run(
+    spec._replace(microbatches=micro), mesh=mesh, algorithm=algorithm
+  )
+  # observe ran once per optimizer step, and the stored entropy (of the
+  # last minibatch, at the parameters before the last step) is positive.
+  assert int(want.policy.algo_state[1]["steps"]) == 4
+  assert float(want.policy.algo_state[1]["h"]) > 0.1
+  _close(want.policy.algo_state, got.policy.algo_state)
   _close(want.policy.params, got.policy.params)
   _close(want_metrics["loss"].value, got_metrics["loss"].value)

@@ -1,0 +1,193 @@
+"""The Trainer's side of the extension points: parts built in code (task,
+rewards, teacher, annotations), the batch fields it fills, and the behaviour
+log-probs of on-policy runs for every stage that reads them."""
+
+import pathlib
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rljax
+from rljax import testing
+from rljax.training import Trainer
+from rljax.training import _build
+from rljax.training import _rollout
+from rljax.training import completion_logprobs
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+FIELDS = ("old_logp_PGT", "teacher_logp_PGT", "tokens_PGT", "rewards_PG")
+
+
+def _config(name, directory, *extra):
+  return testing.tiny_run_config(
+    CONFIGS / f"{name}.py",
+    directory,
+    "train.mesh=(1, 1, 1)",
+    "train.steps=1",
+    "train.warm_start_steps=0",
+    "sampler.max_new_tokens=6",
+    *extra,
+  )
+
+
+def _recorder(fields, p=8, g=4, t=6):
+  """A stage whose state is the first batch's `fields`, prompt ids and the
+  annotation ``length_PG`` (read, not changed)."""
+
+  def init():
+    state = {
+      f: jnp.zeros((p, g, t)[: 2 if f.endswith("PG") else 3]) for f in fields
+    }
+    return {
+      **state,
+      "ids": jnp.zeros((p,), jnp.int32),
+      "length": jnp.zeros((p, g)),
+    }
+
+  def prepare(batch, state):
+    batch.require(*fields, "prompt_ids_P", by="recorder")
+    new = {f: getattr(batch, f).astype(jnp.float32) for f in fields}
+    new["ids"] = batch.prompt_ids_P
+    new["length"] = batch.get("length_PG", by="recorder").astype(jnp.float32)
+    return batch, new
+
+  return rljax.Transform(init, prepare, lambda terms, batch, state: terms)
+
+
+def _initial_policy(trainer):
+  """A copy of the policy (the step donates the state's arrays)."""
+  params = jax.tree.map(jnp.copy, trainer.state.policy.params)
+  return nnx.merge(trainer.models.policy, params)
+
+
+def _own_logp(model, scored, width):
+  seqs = _rollout.sequences(scored.rollout)
+  return completion_logprobs(model, seqs, width, temperature=1.0)[0]
+
+
+def _contains_seven(samples):
+  return np.array([float("7" in text) for text in samples.texts])
+
+
+def test_parts_built_in_code_and_the_fields_they_fill(tmp_path):
+  config = _config("grpo", tmp_path)
+  task = rljax.tasks.get("arithmetic", **config.task.kwargs)
+  policy, _ = _build.build_policy(
+    config.model, task.alphabet, config.train.seed
+  )
+  grpo = rljax.algorithms.grpo()
+  algorithm = rljax.Algorithm(
+    rljax.chain(rljax.transforms.icepop(), _recorder(FIELDS), grpo.transform),
+    grpo.aggregate,
+  )
+  trainer = Trainer(
+    config,
+    algorithm=algorithm,
+    task=task,
+    rewards=[("seven", _contains_seven, 2.0)],
+    teacher=policy,  # the initial policy: its log-probs equal the old ones
+    annotate=lambda scored: {"length_PG": scored.rollout.mask_PGT.sum(-1)},
+  )
+  assert trainer.needs["old_logp_PGT"] and trainer.needs["teacher_logp_PGT"]
+  initial = _initial_policy(trainer)
+  trainer.step(0)
+  seen = jax.device_get(trainer.state.policy.algo_state[1])
+  scored = trainer._last
+  rollout = scored.rollout
+  # On-policy, the behaviour log-probs are the policy's own (not the
+  # sampler's), computed by the training pass before the update.
+  own = np.asarray(_own_logp(initial, scored, 6))
+  mask = np.asarray(rollout.mask_PGT) > 0
+  np.testing.assert_allclose(seen["old_logp_PGT"][mask], own[mask], atol=2e-5)
+  np.testing.assert_allclose(
+    seen["teacher_logp_PGT"][mask], own[mask], atol=2e-5
+  )
+  np.testing.assert_array_equal(seen["tokens_PGT"], rollout.tokens_PGT)
+  np.testing.assert_array_equal(seen["length"], mask.sum(-1))
+  # The rewards are the ones given in code, weighted.
+  texts = np.array(scored.completions).reshape(8, 4)
+  want = 2.0 * np.vectorize(lambda s: float("7" in s))(texts)
+  np.testing.assert_array_equal(seen["rewards_PG"], want)
+  # Prompt ids are the dataset indices of the prompts.
+  for i, example in zip(seen["ids"], scored.examples):
+    assert task.train[int(i)] == example
+
+
+def test_bad_parts_given_in_code_name_the_argument(tmp_path):
+  config = _config("grpo", tmp_path)
+  with pytest.raises(ValueError, match=r"Trainer\(rewards=...\).*entry"):
+    Trainer(config, rewards=[("r", "not a function", 1.0)])
+  teacher_reader = rljax.Algorithm(
+    rljax.chain(
+      _recorder(("teacher_logp_PGT",)), rljax.algorithms.grpo().transform
+    ),
+    rljax.aggregate.token_mean,
+  )
+  with pytest.raises(ValueError, match=r"Trainer\(config, teacher=model\)"):
+    Trainer(config, algorithm=teacher_reader)
+  wrong = testing.random_model(
+    rljax.models.ModelConfig(
+      vocab_size=3,
+      hidden_size=8,
+      intermediate_size=8,
+      num_layers=1,
+      num_heads=2,
+      num_kv_heads=1,
+      head_dim=4,
+    )
+  )
+  with pytest.raises(ValueError, match="vocabulary size 3"):
+    Trainer(config, algorithm=teacher_reader, teacher=wrong)
+
+
+STAGES_READING_OLD_LOGP = {
+  "icepop": lambda: rljax.transforms.icepop(),
+  "token_tis": lambda: rljax.transforms.token_tis(),
+  "sequence_tis": lambda: rljax.transforms.sequence_tis(),
+  "sequence_masked_tis": lambda: rljax.transforms.sequence_masked_tis(),
+  "kl_in_reward": lambda: rljax.transforms.kl_in_reward(
+    rljax.losses.kl_k1, coef=0.01
+  ),
+  "adaptive_kl_in_reward": lambda: rljax.transforms.adaptive_kl_in_reward(
+    rljax.losses.kl_k1
+  ),
+  "adaptive_kl_penalty": lambda: rljax.objectives.adaptive_kl_penalty(
+    rljax.losses.kl_k3
+  ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "stage", [*STAGES_READING_OLD_LOGP, "rloo_kl_coef", "ppo_kl_coef"]
+)
+def test_on_policy_stages_read_the_policys_own_logp(tmp_path, stage):
+  name = stage.split("_")[0] if stage.endswith("kl_coef") else "grpo"
+  config = _config(name, tmp_path)
+  base = (
+    rljax.algorithms.get(name, kl_coef=0.01)
+    if stage.endswith("kl_coef")
+    else rljax.algorithms.grpo()
+  )
+  extra = (
+    [] if stage.endswith("kl_coef") else [STAGES_READING_OLD_LOGP[stage]()]
+  )
+  algorithm = rljax.Algorithm(
+    rljax.chain(*extra, _recorder(("old_logp_PGT",)), base.transform),
+    base.aggregate,
+  )
+  trainer = Trainer(
+    config,
+    algorithm=algorithm,
+    annotate=lambda scored: {"length_PG": scored.rollout.mask_PGT.sum(-1)},
+  )
+  initial = _initial_policy(trainer)
+  metrics = trainer.step(0)
+  assert np.isfinite(metrics["loss"])
+  seen = jax.device_get(trainer.state.policy.algo_state[len(extra)])
+  own = np.asarray(_own_logp(initial, trainer._last, 6))
+  mask = np.asarray(trainer._last.rollout.mask_PGT) > 0
+  np.testing.assert_allclose(seen["old_logp_PGT"][mask], own[mask], atol=2e-5)
