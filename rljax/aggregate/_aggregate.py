@@ -39,9 +39,11 @@ def token_sum(
 ) -> Mean:
   """sum_i S_i / normalizer, a constant (denominator 0 = no normaliser).
 
-  With ``normalizer`` = the padded response width this is verl's
-  `seq-mean-token-sum-norm` on one micro-batch (which, unlike Dr.GRPO, does not
-  divide by the number of sequences).
+  No division by the number of sequences: with ``normalizer`` = the padded
+  response width this is what older verl snapshots' `seq-mean-token-sum-norm`
+  computed on one micro-batch. verl 0.9.1's `seq-mean-token-sum-norm` divides
+  by the number of sequences too, like Dr.GRPO: that is
+  `seq_mean_token_sum_norm`.
   """
   checks.positive(normalizer=normalizer)
   seq_sum, _ = _sums(loss_BT, mask_BT)
