@@ -28,6 +28,7 @@ from rljax.rewards._base import RewardResult
 from rljax.rewards._base import RewardSpec
 from rljax.rewards._base import Samples
 from rljax.rewards._base import Scores
+from rljax.rewards._base import as_specs
 from rljax.rewards._base import score
 from rljax.rewards._format import THINK_ANSWER
 from rljax.rewards._format import answer_format
@@ -35,13 +36,14 @@ from rljax.rewards._format import length_penalty
 
 __all__ = [
   "EXTRACT_MODES",
-  "THINK_ANSWER",
   "RewardFn",
   "RewardResult",
   "RewardSpec",
   "Samples",
   "Scores",
+  "THINK_ANSWER",
   "answer_format",
+  "as_specs",
   "evaluate_arithmetic",
   "exact_answer",
   "extract_answer",
