@@ -98,7 +98,8 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
 def value_model_like(policy: Transformer) -> ValueModel:
   """A critic whose trunk starts as a copy of the policy (verl, OpenRLHF)."""
   critic = nnx.eval_shape(lambda: ValueModel(policy.config, rngs=nnx.Rngs(0)))
-  nnx.update(critic.trunk, nnx.state(policy))
+  # A copy: shared buffers would be donated twice by the jitted update.
+  nnx.update(critic.trunk, jax.tree.map(jnp.copy, nnx.state(policy)))
   # The head starts at zero: V = 0 everywhere until the critic learns.
   critic.head.set_value(jnp.zeros(critic.head.shape, critic.head.dtype))
   critic.bias.set_value(jnp.zeros((), critic.bias.dtype))

@@ -2,6 +2,7 @@
 rewards, teacher, annotations), the batch fields it fills, and the behaviour
 log-probs of on-policy runs for every stage that reads them."""
 
+import inspect
 import pathlib
 
 from flax import nnx
@@ -191,3 +192,72 @@ def test_on_policy_stages_read_the_policys_own_logp(tmp_path, stage):
   own = np.asarray(_own_logp(initial, trainer._last, 6))
   mask = np.asarray(trainer._last.rollout.mask_PGT) > 0
   np.testing.assert_allclose(seen["old_logp_PGT"][mask], own[mask], atol=2e-5)
+
+
+# Presets without a config file of their own: the literature's.
+CONFIG_PRESETS = {p.stem for p in CONFIGS.glob("[!_]*.py")}
+LITERATURE_PRESETS = sorted(set(rljax.algorithms.PRESETS) - CONFIG_PRESETS)
+
+
+def _preset(name, num_prompts):
+  factory = rljax.algorithms.PRESETS[name]
+  params = inspect.signature(factory).parameters
+  kwargs = {"num_prompts": num_prompts} if "num_prompts" in params else {}
+  return rljax.algorithms.get(name, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LITERATURE_PRESETS)
+def test_literature_preset_trains_two_steps(tmp_path, name):
+  config = _config("grpo", tmp_path, "train.steps=2", f"algorithm.name={name}")
+  task = rljax.tasks.get(config.task.name, **config.task.kwargs)
+  algorithm = _preset(name, len(task.train))
+  teacher = None
+  if _build.needs_field(algorithm, "teacher_logp_PGT"):
+    teacher = _build.build_policy(config.model, task.alphabet, seed=7)[0]
+  trainer = Trainer(config, algorithm=algorithm, task=task, teacher=teacher)
+  summary = trainer.run()
+  assert len(summary["history"]) == 2
+  for record in summary["history"]:
+    assert np.isfinite(record["loss"]), record
+
+
+def _success_table(num_prompts):
+  """The README's per-prompt running success rate (a PromptTable)."""
+
+  def prepare(batch, table):
+    solved = (batch.rewards_PG > 0.5).mean(-1)
+    past, _ = table.lookup(batch.prompt_ids_P)
+    return batch, table.store(batch.prompt_ids_P, 0.8 * past + 0.2 * solved)
+
+  init = lambda: rljax.PromptTable.create(num_prompts, fill=0.5)  # noqa: E731
+  return rljax.Transform(init, prepare, lambda terms, batch, state: terms)
+
+
+@pytest.mark.slow
+def test_per_prompt_state_is_the_same_across_a_resume(tmp_path):
+  def run(directory, steps, resume=True):
+    config = _config(
+      "grpo",
+      directory,
+      f"train.steps={steps}",
+      "output.checkpoint_every=2",
+      "train.eval_every=0",
+    )
+    task = rljax.tasks.get(config.task.name, **config.task.kwargs)
+    grpo = rljax.algorithms.grpo()
+    algorithm = rljax.Algorithm(
+      rljax.chain(grpo.transform, _success_table(len(task.train))),
+      grpo.aggregate,
+    )
+    trainer = Trainer(config, algorithm=algorithm, task=task, resume=resume)
+    trainer.run()
+    return trainer, jax.device_get(trainer.state.policy.algo_state[1])
+
+  _, whole = run(tmp_path / "whole", 3)
+  first, _ = run(tmp_path / "split", 2)
+  resumed, split = run(tmp_path / "split", 3)
+  assert first.start_step == 0 and resumed.start_step == 2
+  assert int((whole.seen > 0).sum()) >= 16
+  np.testing.assert_array_equal(whole.seen, split.seen)
+  np.testing.assert_allclose(whole.values, split.values, atol=1e-6)
