@@ -3,6 +3,7 @@ aggregation. `get(name, **kwargs)` looks one up by name; `docs/papers.md`
 lists each seed paper's preset or composition."""
 
 from rljax.algorithms import _offpolicy
+from rljax.algorithms import _stateful
 from rljax.algorithms._presets import PRESETS
 from rljax.algorithms._presets import bnpo
 from rljax.algorithms._presets import cispo
@@ -20,10 +21,11 @@ from rljax.algorithms._presets import rloo
 from rljax.algorithms._presets import sapo
 
 # The literature's presets, one module per family, join the registry.
-for _family in (_offpolicy,):
+_FAMILIES = (_offpolicy, _stateful)
+for _family in _FAMILIES:
   PRESETS.update(_family.PRESETS)
 globals().update(
-  {name: factory for f in (_offpolicy,) for name, factory in f.PRESETS.items()}
+  {name: factory for f in _FAMILIES for name, factory in f.PRESETS.items()}
 )
 
 __all__ = [

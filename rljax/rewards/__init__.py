@@ -33,6 +33,18 @@ from rljax.rewards._base import score
 from rljax.rewards._format import THINK_ANSWER
 from rljax.rewards._format import answer_format
 from rljax.rewards._format import length_penalty
+from rljax.rewards._judges import calibrated_reward
+from rljax.rewards._judges import cluster_annotate
+from rljax.rewards._judges import cluster_answers
+from rljax.rewards._judges import flag_annotate
+from rljax.rewards._judges import flawed_positive_reward
+from rljax.rewards._judges import judge_flags
+from rljax.rewards._judges import judge_reward
+from rljax.rewards._judges import preference_annotate
+from rljax.rewards._judges import preference_matrix
+from rljax.rewards._judges import success_gated_reward
+from rljax.rewards._judges import thought_reward
+from rljax.rewards._judges import thought_rewards
 
 __all__ = [
   "EXTRACT_MODES",
@@ -44,10 +56,22 @@ __all__ = [
   "THINK_ANSWER",
   "answer_format",
   "as_specs",
+  "calibrated_reward",
+  "cluster_annotate",
+  "cluster_answers",
   "evaluate_arithmetic",
   "exact_answer",
   "extract_answer",
+  "flag_annotate",
+  "flawed_positive_reward",
+  "judge_flags",
+  "judge_reward",
   "length_penalty",
   "math_answer",
+  "preference_annotate",
+  "preference_matrix",
   "score",
+  "success_gated_reward",
+  "thought_reward",
+  "thought_rewards",
 ]

@@ -13,6 +13,19 @@ from rljax.transforms._advantages import reinforce_pp_baseline_advantages
 from rljax.transforms._advantages import remax_advantages
 from rljax.transforms._advantages import sequence_rewards
 from rljax.transforms._advantages import token_rewards
+from rljax.transforms._group_rewards import adaptive_process_rewards
+from rljax.transforms._group_rewards import calibrated_rewards
+from rljax.transforms._group_rewards import cgpo_calibrated_rewards
+from rljax.transforms._group_rewards import cgpo_constraint_mask
+from rljax.transforms._group_rewards import cluster_frequency_rewards
+from rljax.transforms._group_rewards import empo_rewards
+from rljax.transforms._group_rewards import inverse_accuracy
+from rljax.transforms._group_rewards import mask_flagged_positives
+from rljax.transforms._group_rewards import p_grpo_rewards
+from rljax.transforms._group_rewards import spo_win_rates
+from rljax.transforms._group_rewards import success_gated_rewards
+from rljax.transforms._group_rewards import tp_grpo_rewards
+from rljax.transforms._group_rewards import win_rate_rewards
 from rljax.transforms._rewards import adaptive_kl_in_reward
 from rljax.transforms._rewards import clip_rewards
 from rljax.transforms._rewards import kl_in_reward
@@ -24,6 +37,15 @@ from rljax.transforms._selection import informative_groups
 from rljax.transforms._selection import kept_groups
 from rljax.transforms._selection import mask_truncated
 from rljax.transforms._selection import reward_range_filter
+from rljax.transforms._stateful import budget_length_reward
+from rljax.transforms._stateful import budget_schedule
+from rljax.transforms._stateful import bundle_scores
+from rljax.transforms._stateful import hapo_history_rewards
+from rljax.transforms._stateful import history_length_reward
+from rljax.transforms._stateful import length_budget_curriculum
+from rljax.transforms._stateful import mvar_advantages
+from rljax.transforms._stateful import riskpo_advantages
+from rljax.transforms._stateful import track_quantiles
 from rljax.transforms._weights import icepop
 from rljax.transforms._weights import sequence_masked_tis
 from rljax.transforms._weights import sequence_tis
@@ -31,27 +53,49 @@ from rljax.transforms._weights import token_tis
 
 __all__ = [
   "adaptive_kl_in_reward",
+  "adaptive_process_rewards",
+  "budget_length_reward",
+  "budget_schedule",
+  "bundle_scores",
+  "calibrated_rewards",
+  "cgpo_calibrated_rewards",
+  "cgpo_constraint_mask",
   "clip_rewards",
+  "cluster_frequency_rewards",
   "dynamic_sampling",
+  "empo_rewards",
   "gae_advantages",
   "gdpo_advantages",
   "group_advantages",
+  "hapo_history_rewards",
+  "history_length_reward",
   "icepop",
   "informative_groups",
+  "inverse_accuracy",
   "kept_groups",
   "kl_in_reward",
+  "length_budget_curriculum",
+  "mask_flagged_positives",
   "mask_truncated",
+  "mvar_advantages",
   "opo_advantages",
   "overlong_penalty",
+  "p_grpo_rewards",
   "reinforce_pp_advantages",
   "reinforce_pp_baseline_advantages",
   "remax_advantages",
   "reward_range_filter",
+  "riskpo_advantages",
   "sequence_masked_tis",
   "sequence_rewards",
   "sequence_tis",
+  "spo_win_rates",
   "stop_properly_penalty",
+  "success_gated_rewards",
   "token_rewards",
   "token_tis",
+  "tp_grpo_rewards",
+  "track_quantiles",
   "weighted_rewards",
+  "win_rate_rewards",
 ]

@@ -16,6 +16,24 @@ import rljax
 from rljax import testing
 
 PRESETS = sorted(rljax.algorithms.PRESETS)
+KEY = jax.random.key(0)
+
+
+def _batch(seed, prompts=4):
+  """A random batch with the side data presets may read (answer-cluster ids,
+  as `Trainer(annotate=rljax.rewards.cluster_annotate())` writes them)."""
+  batch = testing.random_batch(seed, prompts=prompts)
+  rng = np.random.default_rng(seed)
+  return batch.with_extra(answer_ids_PG=rng.integers(0, 3, batch.shape[:2]))
+
+
+def _prepared(algo, batch, logp):
+  """prepare, then (for stages that measure the minibatch) observe, as the
+  trainer does before each optimizer step."""
+  batch, state = algo.prepare(batch, algo.init(), key=KEY)
+  entropy = jnp.ones_like(logp)
+  stats = algo.measure(logp, batch, state, entropy_PGT=entropy, key=KEY)
+  return batch, algo.observe(state, stats)
 
 
 def _loss_fn(algo, batch, state):
@@ -28,8 +46,7 @@ def _loss_fn(algo, batch, state):
 
 def _run(name, batch, logp):
   algo = rljax.algorithms.get(name)
-  state = algo.init()
-  batch, state = jax.jit(algo.prepare)(batch, state)
+  batch, state = jax.jit(functools.partial(_prepared, algo))(batch, logp)
   loss = _loss_fn(algo, batch, state)
   (value, metrics), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(logp)
   return value, rljax.finalize(metrics), grad
@@ -37,7 +54,7 @@ def _run(name, batch, logp):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_jits_with_finite_loss_and_gradients(name):
-  batch = testing.random_batch(0)
+  batch = _batch(0)
   value, metrics, grad = _run(name, batch, testing.perturbed_logp(batch))
   assert value.dtype == jnp.float32 and np.isfinite(value)
   assert np.all(np.isfinite(grad))
@@ -57,9 +74,14 @@ def test_jits_with_finite_loss_and_gradients(name):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_bfloat16_inputs_give_float32_loss(name):
-  batch = testing.random_batch(1)
+  batch = _batch(1)
   logp = testing.perturbed_logp(batch)
-  as_bf16 = lambda x: None if x is None else jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+
+  def as_bf16(x):  # floating-point fields only; ids stay integers
+    if x is None or not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+      return x
+    return jnp.asarray(x, jnp.bfloat16)
+
   batch16 = jax.tree.map(as_bf16, batch)
   v32, _, _ = _run(name, batch, logp)
   v16, _, g16 = _run(name, batch16, as_bf16(logp))
@@ -81,9 +103,9 @@ def test_micro_batches_give_the_exact_global_loss_and_gradient(name):
   """Prepare once, then split prompts into two micro-batches: summing
   numerators and denominators reproduces the whole batch exactly."""
   algo = rljax.algorithms.get(name)
-  batch = testing.random_batch(2)
+  batch = _batch(2)
   logp = testing.perturbed_logp(batch)
-  batch, state = algo.prepare(batch, algo.init())
+  batch, state = _prepared(algo, batch, logp)
 
   def num_den(logp, batch):
     return algo.loss(logp, batch, state)[0]
@@ -118,7 +140,7 @@ def test_sharded_over_prompts_equals_single_device(name):
   sharding = jax.sharding.NamedSharding(
     mesh, jax.sharding.PartitionSpec("data")
   )
-  batch = testing.random_batch(3, prompts=8)
+  batch = _batch(3, prompts=8)
   logp = testing.perturbed_logp(batch)
   expected, _, grad = _run(name, batch, logp)
   put = lambda x: None if x is None else jax.device_put(x, sharding)  # noqa: E731
