@@ -251,13 +251,14 @@ def test_per_prompt_state_is_the_same_across_a_resume(tmp_path):
       grpo.aggregate,
     )
     trainer = Trainer(config, algorithm=algorithm, task=task, resume=resume)
+    start = trainer.start_step
     trainer.run()
-    return trainer, jax.device_get(trainer.state.policy.algo_state[1])
+    return start, jax.device_get(trainer.state.policy.algo_state[1])
 
   _, whole = run(tmp_path / "whole", 3)
   first, _ = run(tmp_path / "split", 2)
   resumed, split = run(tmp_path / "split", 3)
-  assert first.start_step == 0 and resumed.start_step == 2
+  assert first == 0 and resumed == 2
   assert int((whole.seen > 0).sum()) >= 16
   np.testing.assert_array_equal(whole.seen, split.seen)
   np.testing.assert_allclose(whole.values, split.values, atol=1e-6)
