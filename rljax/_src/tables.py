@@ -66,11 +66,13 @@ class PromptTable(NamedTuple):
     ids = jnp.asarray(prompt_ids_P, jnp.int32)
     inside = (ids >= 0) & (ids < self.num_prompts)
     safe = jnp.where(inside, ids, 0)
-    values = jnp.take(self.values, safe, axis=0)
+    # Rows come out sharded like the ids (explicit meshes ask to be told).
+    rows = jax.typeof(ids).sharding
+    values = self.values.at[safe].get(out_sharding=rows)
     expand = inside.reshape(inside.shape + (1,) * (values.ndim - 1))
     return (
       jnp.where(expand, values, self.fill),
-      jnp.where(inside, self.seen[safe], 0),
+      jnp.where(inside, self.seen.at[safe].get(out_sharding=rows), 0),
     )
 
   def store(
@@ -88,6 +90,10 @@ class PromptTable(NamedTuple):
     target = jnp.where(ok, ids, self.num_prompts)
     values = jnp.asarray(values_P, self.values.dtype)
     return self._replace(
-      values=self.values.at[target].set(values, mode="drop"),
-      seen=self.seen.at[target].add(1, mode="drop"),
+      values=self.values.at[target].set(
+        values, mode="drop", out_sharding=jax.typeof(self.values).sharding
+      ),
+      seen=self.seen.at[target].add(
+        1, mode="drop", out_sharding=jax.typeof(self.seen).sharding
+      ),
     )

@@ -1,5 +1,5 @@
-"""Presets built on judge-driven and stateful batch stages: RiskPO and
-EMPO (see `rljax.transforms._stateful` and `_group_rewards`)."""
+"""Presets built on judge-driven and stateful batch stages: RiskPO, EMPO
+and HAPO (see `rljax.transforms._stateful` and `_group_rewards`)."""
 
 from rljax import advantages
 from rljax import aggregate
@@ -57,4 +57,20 @@ def empo(*, eps: float = 0.2) -> Algorithm:
   )
 
 
-PRESETS = {"riskpo": riskpo, "empo": empo}
+def hapo(*, num_prompts: int = 2**16, eps: float = 0.2) -> Algorithm:
+  """HAPO (arXiv 2505.11225): the history-aware length reward
+  (`transforms.hapo_history_rewards`, a per-prompt `PromptTable` of the
+  shortest correct length so far) added to the verifier's reward, then GRPO
+  advantages and loss. Set ``num_prompts`` to ``len(task.train)`` (the
+  `Trainer` refuses a smaller table)."""
+  return Algorithm(
+    chain(
+      _stateful.hapo_history_rewards(num_prompts),
+      transforms.group_advantages(advantages.grpo),
+      objectives.policy(losses.ppo_clip, eps_low=eps, eps_high=eps),
+    ),
+    aggregate.seq_mean_token_mean,
+  )
+
+
+PRESETS = {"riskpo": riskpo, "empo": empo, "hapo": hapo}

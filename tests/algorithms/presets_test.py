@@ -136,7 +136,10 @@ def test_micro_batches_give_the_exact_global_loss_and_gradient(name):
 @pytest.mark.parametrize("name", PRESETS)
 def test_sharded_over_prompts_equals_single_device(name):
   assert jax.device_count() == 8
-  mesh = jax.make_mesh((8,), ("data",))
+  # Auto axes, as rljax.sharding.make_mesh builds the trainer's meshes.
+  mesh = jax.make_mesh(
+    (8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,)
+  )
   sharding = jax.sharding.NamedSharding(
     mesh, jax.sharding.PartitionSpec("data")
   )

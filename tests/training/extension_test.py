@@ -215,7 +215,11 @@ def test_literature_preset_trains_two_steps(tmp_path, name):
   teacher = None
   if _build.needs_field(algorithm, "teacher_logp_PGT"):
     teacher = _build.build_policy(config.model, task.alphabet, seed=7)[0]
-  trainer = Trainer(config, algorithm=algorithm, task=task, teacher=teacher)
+  # Side data the literature's judges write (EMPO's answer clusters).
+  annotate = rljax.rewards.cluster_annotate() if name == "empo" else None
+  trainer = Trainer(
+    config, algorithm=algorithm, task=task, teacher=teacher, annotate=annotate
+  )
   summary = trainer.run()
   assert len(summary["history"]) == 2
   for record in summary["history"]:

@@ -29,7 +29,7 @@ def _free_port() -> str:
     return str(s.getsockname()[1])
 
 
-def _launch_two_hosts(directory) -> None:
+def _launch_two_hosts(directory, *extra) -> None:
   """`python -m rljax.training` once per "host", as the TPU scripts do."""
   port = _free_port()
   env = dict(
@@ -37,7 +37,12 @@ def _launch_two_hosts(directory) -> None:
     JAX_PLATFORMS="cpu",
     XLA_FLAGS="--xla_force_host_platform_device_count=4",
   )
-  overrides = [*testing.TINY_RUN, f"output.directory={directory}", *RUN]
+  overrides = [
+    *testing.TINY_RUN,
+    f"output.directory={directory}",
+    *RUN,
+    *extra,
+  ]
   procs = [
     subprocess.Popen(
       [
@@ -92,6 +97,28 @@ def test_two_processes_equal_one_and_their_checkpoint_restores_in_one(
   for got, want in zip(records[1:4], single_records[1:4]):
     assert got["reward"] == pytest.approx(want["reward"])
     assert got["tokens"] == pytest.approx(want["tokens"])
+
+
+# HAPO's per-prompt table of the shortest correct length so far.
+PER_PROMPT = ("algorithm.name=hapo", "algorithm.kwargs.num_prompts=10000")
+
+
+@pytest.mark.slow
+def test_per_prompt_state_is_the_same_on_two_processes_as_on_one(tmp_path):
+  _launch_two_hosts(tmp_path / "hosts", *PER_PROMPT)
+  single = Trainer(
+    testing.tiny_run_config(CONFIG, tmp_path / "single", *RUN, *PER_PROMPT)
+  )
+  single.run()
+  resumed = Trainer(
+    testing.tiny_run_config(CONFIG, tmp_path / "hosts", *RUN, *PER_PROMPT)
+  )
+  assert resumed.start_step == 3
+  want = jax.device_get(single.state.policy.algo_state[0])
+  got = jax.device_get(resumed.state.policy.algo_state[0])
+  assert int((want.seen > 0).sum()) > 0  # some prompt had a correct answer
+  np.testing.assert_array_equal(got.seen, want.seen)
+  np.testing.assert_allclose(got.values, want.values)
 
 
 def test_own_rows_follow_the_batch_sharding():
