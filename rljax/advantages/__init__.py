@@ -25,21 +25,59 @@ from rljax.advantages._returns import outcome_to_token_rewards
 from rljax.advantages._returns import reinforce_pp
 from rljax.advantages._returns import reinforce_pp_baseline
 from rljax.advantages._returns import whiten
+from rljax.advantages._variants import adora
+from rljax.advantages._variants import adora_length_classes
+from rljax.advantages._variants import answer_entropy
+from rljax.advantages._variants import aspo
+from rljax.advantages._variants import copo_global_advantages
+from rljax.advantages._variants import copo_weights
+from rljax.advantages._variants import distinct_fraction
+from rljax.advantages._variants import distinctiveness_mask
+from rljax.advantages._variants import grpo_lambda_mask
+from rljax.advantages._variants import hdpo
+from rljax.advantages._variants import hdpo_channels
+from rljax.advantages._variants import kimi_length_reward
+from rljax.advantages._variants import l_grpo_bonus
+from rljax.advantages._variants import pf_ppo_indices
+from rljax.advantages._variants import pf_ppo_weights
+from rljax.advantages._variants import polychromic
+from rljax.advantages._variants import seed_grpo
+from rljax.advantages._variants import soft_advantage
+from rljax.advantages._variants import top_groups
 
 __all__ = [
+  "adora",
+  "adora_length_classes",
+  "answer_entropy",
+  "aspo",
   "batch_std",
+  "copo_global_advantages",
+  "copo_weights",
   "discounted_returns",
+  "distinct_fraction",
+  "distinctiveness_mask",
   "dr_grpo",
   "gae",
   "gdpo",
   "gpg",
   "grpo",
+  "grpo_lambda_mask",
+  "hdpo",
+  "hdpo_channels",
+  "kimi_length_reward",
+  "l_grpo_bonus",
   "opo",
   "outcome_to_token_rewards",
   "pass_at_k",
+  "pf_ppo_indices",
+  "pf_ppo_weights",
+  "polychromic",
   "reinforce_pp",
   "reinforce_pp_baseline",
   "remax",
   "rloo",
+  "seed_grpo",
+  "soft_advantage",
+  "top_groups",
   "whiten",
 ]

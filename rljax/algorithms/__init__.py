@@ -4,6 +4,7 @@ lists each seed paper's preset or composition."""
 
 from rljax.algorithms import _offpolicy
 from rljax.algorithms import _stateful
+from rljax.algorithms import _variants
 from rljax.algorithms._presets import PRESETS
 from rljax.algorithms._presets import bnpo
 from rljax.algorithms._presets import cispo
@@ -21,7 +22,7 @@ from rljax.algorithms._presets import rloo
 from rljax.algorithms._presets import sapo
 
 # The literature's presets, one module per family, join the registry.
-_FAMILIES = (_offpolicy, _stateful)
+_FAMILIES = (_offpolicy, _stateful, _variants)
 for _family in _FAMILIES:
   PRESETS.update(_family.PRESETS)
 globals().update(

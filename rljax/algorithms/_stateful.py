@@ -57,15 +57,20 @@ def empo(*, eps: float = 0.2) -> Algorithm:
   )
 
 
-def hapo(*, num_prompts: int = 2**16, eps: float = 0.2) -> Algorithm:
+def hapo(
+  *, num_prompts: int = 2**16, correct_threshold: float = 1.0, eps: float = 0.2
+) -> Algorithm:
   """HAPO (arXiv 2505.11225): the history-aware length reward
   (`transforms.hapo_history_rewards`, a per-prompt `PromptTable` of the
   shortest correct length so far) added to the verifier's reward, then GRPO
   advantages and loss. Set ``num_prompts`` to ``len(task.train)`` (the
-  `Trainer` refuses a smaller table)."""
+  `Trainer` refuses a smaller table); ``correct_threshold`` is the reward at
+  which an answer counts as correct."""
   return Algorithm(
     chain(
-      _stateful.hapo_history_rewards(num_prompts),
+      _stateful.hapo_history_rewards(
+        num_prompts, correct_threshold=correct_threshold
+      ),
       transforms.group_advantages(advantages.grpo),
       objectives.policy(losses.ppo_clip, eps_low=eps, eps_high=eps),
     ),

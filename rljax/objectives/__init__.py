@@ -5,6 +5,7 @@ PPO value objective.
 
 from rljax.objectives._masks import off_policy_mask
 from rljax.objectives._masks import top_entropy_mask
+from rljax.objectives._mixed import mixed_policy
 from rljax.objectives._offpolicy import disco
 from rljax.objectives._offpolicy import mdpo
 from rljax.objectives._penalties import adaptive_entropy_bonus
@@ -22,6 +23,7 @@ __all__ = [
   "entropy_bonus",
   "kl_penalty",
   "mdpo",
+  "mixed_policy",
   "off_policy_mask",
   "policy",
   "randomized_policy",

@@ -46,14 +46,32 @@ from rljax.transforms._stateful import length_budget_curriculum
 from rljax.transforms._stateful import mvar_advantages
 from rljax.transforms._stateful import riskpo_advantages
 from rljax.transforms._stateful import track_quantiles
+from rljax.transforms._variants import COPO_MIX
+from rljax.transforms._variants import adora_advantages
+from rljax.transforms._variants import adora_length_criterion
+from rljax.transforms._variants import aspo_shaping
+from rljax.transforms._variants import copo_advantages
+from rljax.transforms._variants import dagrpo_mask
+from rljax.transforms._variants import grpo_lambda_rewards
+from rljax.transforms._variants import hdpo_advantages
+from rljax.transforms._variants import kimi_length_rewards
+from rljax.transforms._variants import l_grpo_rewards
+from rljax.transforms._variants import pf_ppo_resample
+from rljax.transforms._variants import polychromic_advantages
+from rljax.transforms._variants import seed_grpo_advantages
+from rljax.transforms._variants import soft_advantages
 from rljax.transforms._weights import icepop
 from rljax.transforms._weights import sequence_masked_tis
 from rljax.transforms._weights import sequence_tis
 from rljax.transforms._weights import token_tis
 
 __all__ = [
+  "COPO_MIX",
   "adaptive_kl_in_reward",
   "adaptive_process_rewards",
+  "adora_advantages",
+  "adora_length_criterion",
+  "aspo_shaping",
   "budget_length_reward",
   "budget_schedule",
   "bundle_scores",
@@ -62,18 +80,24 @@ __all__ = [
   "cgpo_constraint_mask",
   "clip_rewards",
   "cluster_frequency_rewards",
+  "copo_advantages",
+  "dagrpo_mask",
   "dynamic_sampling",
   "empo_rewards",
   "gae_advantages",
   "gdpo_advantages",
   "group_advantages",
+  "grpo_lambda_rewards",
   "hapo_history_rewards",
+  "hdpo_advantages",
   "history_length_reward",
   "icepop",
   "informative_groups",
   "inverse_accuracy",
   "kept_groups",
+  "kimi_length_rewards",
   "kl_in_reward",
+  "l_grpo_rewards",
   "length_budget_curriculum",
   "mask_flagged_positives",
   "mask_truncated",
@@ -81,14 +105,18 @@ __all__ = [
   "opo_advantages",
   "overlong_penalty",
   "p_grpo_rewards",
+  "pf_ppo_resample",
+  "polychromic_advantages",
   "reinforce_pp_advantages",
   "reinforce_pp_baseline_advantages",
   "remax_advantages",
   "reward_range_filter",
   "riskpo_advantages",
+  "seed_grpo_advantages",
   "sequence_masked_tis",
   "sequence_rewards",
   "sequence_tis",
+  "soft_advantages",
   "spo_win_rates",
   "stop_properly_penalty",
   "success_gated_rewards",

@@ -17,14 +17,28 @@ from rljax import testing
 
 PRESETS = sorted(rljax.algorithms.PRESETS)
 KEY = jax.random.key(0)
+# Settings for the test batch's G = 4 (Polychromic's sets of 4 would be the
+# whole group, whose set advantage is zero by definition).
+KWARGS = {"polychromic": {"set_size": 2}}
+
+
+def _get(name):
+  return rljax.algorithms.get(name, **KWARGS.get(name, {}))
 
 
 def _batch(seed, prompts=4):
-  """A random batch with the side data presets may read (answer-cluster ids,
-  as `Trainer(annotate=rljax.rewards.cluster_annotate())` writes them)."""
+  """A random batch with the side data presets may read, as a run's
+  `Trainer(annotate=...)` writes it: answer-cluster ids (EMPO, COPO,
+  SEED-GRPO), the first tool call's position (ASPO; -1 = none) and the
+  number of tool calls (HDPO)."""
   batch = testing.random_batch(seed, prompts=prompts)
   rng = np.random.default_rng(seed)
-  return batch.with_extra(answer_ids_PG=rng.integers(0, 3, batch.shape[:2]))
+  pg = batch.shape[:2]
+  return batch.with_extra(
+    answer_ids_PG=rng.integers(0, 3, pg),
+    tool_position_PG=rng.integers(-1, 5, pg),
+    tool_calls_PG=rng.integers(0, 3, pg),
+  )
 
 
 def _prepared(algo, batch, logp):
@@ -45,7 +59,7 @@ def _loss_fn(algo, batch, state):
 
 
 def _run(name, batch, logp):
-  algo = rljax.algorithms.get(name)
+  algo = _get(name)
   batch, state = jax.jit(functools.partial(_prepared, algo))(batch, logp)
   loss = _loss_fn(algo, batch, state)
   (value, metrics), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(logp)
@@ -92,7 +106,7 @@ def test_bfloat16_inputs_give_float32_loss(name):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_init_works_abstractly(name):
-  algo = rljax.algorithms.get(name)
+  algo = _get(name)
   abstract = jax.eval_shape(algo.init)
   concrete = algo.init()
   assert jax.tree.structure(abstract) == jax.tree.structure(concrete)
@@ -102,7 +116,7 @@ def test_init_works_abstractly(name):
 def test_micro_batches_give_the_exact_global_loss_and_gradient(name):
   """Prepare once, then split prompts into two micro-batches: summing
   numerators and denominators reproduces the whole batch exactly."""
-  algo = rljax.algorithms.get(name)
+  algo = _get(name)
   batch = _batch(2)
   logp = testing.perturbed_logp(batch)
   batch, state = _prepared(algo, batch, logp)

@@ -215,8 +215,18 @@ def test_literature_preset_trains_two_steps(tmp_path, name):
   teacher = None
   if _build.needs_field(algorithm, "teacher_logp_PGT"):
     teacher = _build.build_policy(config.model, task.alphabet, seed=7)[0]
-  # Side data the literature's judges write (EMPO's answer clusters).
-  annotate = rljax.rewards.cluster_annotate() if name == "empo" else None
+  # Side data the literature's judges and tools write: answer clusters
+  # (EMPO, COPO, SEED-GRPO); this task has no tools (ASPO, HDPO).
+  clusters = rljax.rewards.cluster_annotate()
+
+  def annotate(scored):
+    none = np.zeros(scored.rollout.mask_PGT.shape[:2], np.int32)
+    return {
+      **clusters(scored),
+      "tool_position_PG": none - 1,
+      "tool_calls_PG": none,
+    }
+
   trainer = Trainer(
     config, algorithm=algorithm, task=task, teacher=teacher, annotate=annotate
   )

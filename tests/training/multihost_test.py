@@ -100,7 +100,13 @@ def test_two_processes_equal_one_and_their_checkpoint_restores_in_one(
 
 
 # HAPO's per-prompt table of the shortest correct length so far.
-PER_PROMPT = ("algorithm.name=hapo", "algorithm.kwargs.num_prompts=10000")
+# Every answer counts as correct here (the tiny model is rarely right), so
+# every prompt seen gets a record.
+PER_PROMPT = (
+  "algorithm.name=hapo",
+  "algorithm.kwargs.num_prompts=10000",
+  "algorithm.kwargs.correct_threshold=-100.0",
+)
 
 
 @pytest.mark.slow
@@ -116,7 +122,7 @@ def test_per_prompt_state_is_the_same_on_two_processes_as_on_one(tmp_path):
   assert resumed.start_step == 3
   want = jax.device_get(single.state.policy.algo_state[0])
   got = jax.device_get(resumed.state.policy.algo_state[0])
-  assert int((want.seen > 0).sum()) > 0  # some prompt had a correct answer
+  assert int((want.seen > 0).sum()) >= 16  # 3 steps x 8 prompts, repeats
   np.testing.assert_array_equal(got.seen, want.seen)
   np.testing.assert_allclose(got.values, want.values)
 
