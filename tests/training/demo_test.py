@@ -34,3 +34,19 @@ def test_grpo_demo_raises_held_out_accuracy(tmp_path):
   ]
   assert min(evals) >= before - 0.1, evals
   assert (tmp_path / "learning_curves.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rec", "hapo"])
+def test_literature_preset_trains_the_demo_near_grpo(tmp_path, name):
+  # docs/figures/presets_accuracy.json: over seeds 0-2, rec ends 0.4-2.7
+  # points below grpo and hapo equal to it (RiskPO, with its paper's
+  # defaults, ends up to 10.9 points below and is not asserted).
+  def after(preset):
+    config = override(
+      load_config(CONFIGS / "grpo.py"),
+      [f"output.directory={tmp_path / preset}", f"algorithm.name={preset}"],
+    )
+    return Trainer(config).run()["after"]["eval_accuracy"]
+
+  assert after(name) >= after("grpo") - 0.05
