@@ -56,7 +56,10 @@ def kl_penalty(
   (`Batch.ref_logp_PGT`); ``against="old"`` to the behaviour policy of the
   batch (`Batch.old_logp_PGT`; on-policy, the detached current log-probs, so
   the penalty and its gradient are zero on the first step and grow as the
-  update moves away: MDPO, Kimi's OPMD, REP). Use k3 (`rljax.losses.kl_k3`)
+  update moves away: MDPO, Kimi's OPMD, REP). The tokens were sampled by the
+  old policy, so against it `rljax.losses.kl_reverse_old` (r log r - r + 1)
+  is the unbiased estimate of KL(pi || pi_old); k3 there estimates
+  KL(pi_old || pi). Use k3 (`rljax.losses.kl_k3`)
   or k2 in the loss: k1's expected gradient is zero on-policy, so as a loss
   it does nothing on average.
   """
