@@ -127,7 +127,7 @@ def needs_field(algorithm: Algorithm, field: str) -> bool:
   Side data a stage reads (``Batch.extra``, from ``Trainer(annotate=...)``
   or an earlier stage) is stood in by zeros while tracing.
   """
-  batch = random_batch(0, prompts=2, samples=2, tokens=3)
+  batch = random_batch(0, prompts=2, samples=8, tokens=3)
   batch = batch._replace(**{field: None})
   logp = jnp.zeros(batch.mask_PGT.shape)
   key = jax.random.key(0)
@@ -138,6 +138,9 @@ def needs_field(algorithm: Algorithm, field: str) -> bool:
     state = algorithm.observe(state, stats)
     return algorithm.loss(logp, prepared, state, entropy_PGT=logp, key=key)
 
+  # Stand-ins are integer zeros (ids, counts, positions, flags); a stage
+  # that refuses integers gets float zeros on the next try.
+  dtypes = [jnp.int32, jnp.float32]
   for _ in range(32):
     try:
       jax.eval_shape(run, batch)
@@ -147,12 +150,17 @@ def needs_field(algorithm: Algorithm, field: str) -> bool:
       if missing:
         name = missing.group(1)
         layout = name.rsplit("_", 1)[-1]
-        batch = batch.with_extra(
-          **{name: jnp.zeros(batch.shape[: len(layout)])}
-        )
+        zeros = jnp.zeros(batch.shape[: len(layout)], dtypes[0])
+        batch = batch.with_extra(**{name: zeros})
         continue
       if field in str(error):
         return True
+      if batch.extra and len(dtypes) > 1:
+        dtypes.pop(0)
+        batch = batch._replace(
+          extra={k: v.astype(dtypes[0]) for k, v in batch.extra.items()}
+        )
+        continue
       raise
   return False
 
