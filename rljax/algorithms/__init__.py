@@ -2,8 +2,10 @@
 aggregation. `get(name, **kwargs)` looks one up by name; `docs/papers.md`
 lists each seed paper's preset or composition."""
 
+from rljax.algorithms import _bounds
 from rljax.algorithms import _offpolicy
 from rljax.algorithms import _stateful
+from rljax.algorithms import _teacher
 from rljax.algorithms import _variants
 from rljax.algorithms._presets import PRESETS
 from rljax.algorithms._presets import bnpo
@@ -22,7 +24,7 @@ from rljax.algorithms._presets import rloo
 from rljax.algorithms._presets import sapo
 
 # The literature's presets, one module per family, join the registry.
-_FAMILIES = (_offpolicy, _stateful, _variants)
+_FAMILIES = (_offpolicy, _stateful, _variants, _bounds, _teacher)
 for _family in _FAMILIES:
   PRESETS.update(_family.PRESETS)
 globals().update(

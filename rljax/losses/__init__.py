@@ -6,6 +6,23 @@ return a `TokenLoss` of per-token values to minimise; KL estimators take
 signatures. Nothing here reduces over tokens: `rljax.aggregate` does.
 """
 
+from rljax.losses._bounds import aepo
+from rljax.losses._bounds import bapo_candidates
+from rljax.losses._bounds import bapo_contributions
+from rljax.losses._bounds import bapo_select
+from rljax.losses._bounds import dcpo_bounds
+from rljax.losses._bounds import dcpo_clip
+from rljax.losses._bounds import dcpo_sas
+from rljax.losses._bounds import dispo
+from rljax.losses._bounds import etr_eps
+from rljax.losses._bounds import etr_macro
+from rljax.losses._bounds import etr_micro
+from rljax.losses._bounds import hapo_entropy_scores
+from rljax.losses._bounds import hapo_het
+from rljax.losses._bounds import hapo_token_advantages
+from rljax.losses._bounds import llds
+from rljax.losses._bounds import ppo_clip_bounds
+from rljax.losses._bounds import r2vpo_penalty
 from rljax.losses._kl import kl_abs
 from rljax.losses._kl import kl_k1
 from rljax.losses._kl import kl_k2
@@ -48,16 +65,30 @@ __all__ = [
   "PreferenceLoss",
   "TokenLoss",
   "ValueLoss",
+  "aepo",
+  "bapo_candidates",
+  "bapo_contributions",
+  "bapo_select",
   "cispo",
   "cispo_capped",
   "clip_cov",
+  "dcpo_bounds",
+  "dcpo_clip",
+  "dcpo_sas",
   "disco",
   "disco_scores",
+  "dispo",
   "dpo",
+  "etr_eps",
+  "etr_macro",
+  "etr_micro",
   "gmpo",
   "gppo",
   "gspo",
   "gspo_token",
+  "hapo_entropy_scores",
+  "hapo_het",
+  "hapo_token_advantages",
   "ipo",
   "kimi_opmd",
   "kl_abs",
@@ -67,10 +98,13 @@ __all__ = [
   "kl_k3",
   "kl_k3_importance_corrected",
   "kl_reverse_old",
+  "llds",
   "luspo",
   "mdpo_step_size",
   "p3o",
   "ppo_clip",
+  "ppo_clip_bounds",
+  "r2vpo_penalty",
   "ratio_pg",
   "rec",
   "reg_grpo",

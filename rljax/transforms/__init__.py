@@ -13,6 +13,10 @@ from rljax.transforms._advantages import reinforce_pp_baseline_advantages
 from rljax.transforms._advantages import remax_advantages
 from rljax.transforms._advantages import sequence_rewards
 from rljax.transforms._advantages import token_rewards
+from rljax.transforms._bounds import dcpo_sas_advantages
+from rljax.transforms._bounds import etr_bounds
+from rljax.transforms._bounds import hapo_entropy_scores
+from rljax.transforms._bounds import hapo_token_advantages
 from rljax.transforms._group_rewards import adaptive_process_rewards
 from rljax.transforms._group_rewards import calibrated_rewards
 from rljax.transforms._group_rewards import cgpo_calibrated_rewards
@@ -46,6 +50,22 @@ from rljax.transforms._stateful import length_budget_curriculum
 from rljax.transforms._stateful import mvar_advantages
 from rljax.transforms._stateful import riskpo_advantages
 from rljax.transforms._stateful import track_quantiles
+from rljax.transforms._teacher import AepoState
+from rljax.transforms._teacher import aepo_stream_advantages
+from rljax.transforms._teacher import aepo_stream_targets
+from rljax.transforms._teacher import dcpo_dist_advantages
+from rljax.transforms._teacher import dcpo_dist_alpha
+from rljax.transforms._teacher import dcpo_dist_entropy
+from rljax.transforms._teacher import dcpo_dist_mix
+from rljax.transforms._teacher import dcpo_dist_temperature
+from rljax.transforms._teacher import rto_rewards
+from rljax.transforms._teacher import rto_token_rewards
+from rljax.transforms._teacher import vcpo_advantages
+from rljax.transforms._teacher import vcpo_baseline_advantages
+from rljax.transforms._teacher import vcpo_ess_ratio
+from rljax.transforms._teacher import vcpo_lr_scale
+from rljax.transforms._teacher import vcpo_optimal_baseline
+from rljax.transforms._teacher import vcpo_sequence_weights
 from rljax.transforms._variants import COPO_MIX
 from rljax.transforms._variants import adora_advantages
 from rljax.transforms._variants import adora_length_criterion
@@ -66,11 +86,14 @@ from rljax.transforms._weights import sequence_tis
 from rljax.transforms._weights import token_tis
 
 __all__ = [
+  "AepoState",
   "COPO_MIX",
   "adaptive_kl_in_reward",
   "adaptive_process_rewards",
   "adora_advantages",
   "adora_length_criterion",
+  "aepo_stream_advantages",
+  "aepo_stream_targets",
   "aspo_shaping",
   "budget_length_reward",
   "budget_schedule",
@@ -82,13 +105,22 @@ __all__ = [
   "cluster_frequency_rewards",
   "copo_advantages",
   "dagrpo_mask",
+  "dcpo_dist_advantages",
+  "dcpo_dist_alpha",
+  "dcpo_dist_entropy",
+  "dcpo_dist_mix",
+  "dcpo_dist_temperature",
+  "dcpo_sas_advantages",
   "dynamic_sampling",
   "empo_rewards",
+  "etr_bounds",
   "gae_advantages",
   "gdpo_advantages",
   "group_advantages",
   "grpo_lambda_rewards",
+  "hapo_entropy_scores",
   "hapo_history_rewards",
+  "hapo_token_advantages",
   "hdpo_advantages",
   "history_length_reward",
   "icepop",
@@ -112,6 +144,8 @@ __all__ = [
   "remax_advantages",
   "reward_range_filter",
   "riskpo_advantages",
+  "rto_rewards",
+  "rto_token_rewards",
   "seed_grpo_advantages",
   "sequence_masked_tis",
   "sequence_rewards",
@@ -124,6 +158,12 @@ __all__ = [
   "token_tis",
   "tp_grpo_rewards",
   "track_quantiles",
+  "vcpo_advantages",
+  "vcpo_baseline_advantages",
+  "vcpo_ess_ratio",
+  "vcpo_lr_scale",
+  "vcpo_optimal_baseline",
+  "vcpo_sequence_weights",
   "weighted_rewards",
   "win_rate_rewards",
 ]
