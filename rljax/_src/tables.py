@@ -29,7 +29,8 @@ class PromptTable(NamedTuple):
   Ids outside ``[0, num_prompts)`` read the fill value with ``seen == 0``
   and are never written: size the table with the training set
   (``len(task.train)``; the `Trainer` checks it). When one batch holds the
-  same id twice, one of its rows is stored (which one is unspecified).
+  same id twice, one of its rows is stored (which one is unspecified) and
+  ``seen`` counts both rows; reduce duplicates first where that matters.
   """
 
   values: jax.Array  # [num_prompts, *shape]

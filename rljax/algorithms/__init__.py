@@ -2,11 +2,13 @@
 aggregation. `get(name, **kwargs)` looks one up by name; `docs/papers.md`
 lists each seed paper's preset or composition."""
 
-from rljax.algorithms import _bounds
-from rljax.algorithms import _offpolicy
-from rljax.algorithms import _stateful
-from rljax.algorithms import _teacher
-from rljax.algorithms import _variants
+from rljax.algorithms._bounds import bapo
+from rljax.algorithms._bounds import dcpo
+from rljax.algorithms._offpolicy import disco
+from rljax.algorithms._offpolicy import kimi_opmd
+from rljax.algorithms._offpolicy import mdpo
+from rljax.algorithms._offpolicy import rec
+from rljax.algorithms._offpolicy import reg_grpo
 from rljax.algorithms._presets import PRESETS
 from rljax.algorithms._presets import bnpo
 from rljax.algorithms._presets import cispo
@@ -22,29 +24,56 @@ from rljax.algorithms._presets import reinforce_pp
 from rljax.algorithms._presets import remax
 from rljax.algorithms._presets import rloo
 from rljax.algorithms._presets import sapo
-
-# The literature's presets, one module per family, join the registry.
-_FAMILIES = (_offpolicy, _stateful, _variants, _bounds, _teacher)
-for _family in _FAMILIES:
-  PRESETS.update(_family.PRESETS)
-globals().update(
-  {name: factory for f in _FAMILIES for name, factory in f.PRESETS.items()}
-)
+from rljax.algorithms._stateful import empo
+from rljax.algorithms._stateful import hapo
+from rljax.algorithms._stateful import riskpo
+from rljax.algorithms._teacher import kepo
+from rljax.algorithms._teacher import rto
+from rljax.algorithms._variants import adora
+from rljax.algorithms._variants import aspo
+from rljax.algorithms._variants import copo
+from rljax.algorithms._variants import grpo_lambda
+from rljax.algorithms._variants import hdpo
+from rljax.algorithms._variants import l_grpo
+from rljax.algorithms._variants import pf_ppo
+from rljax.algorithms._variants import polychromic
+from rljax.algorithms._variants import seed_grpo
 
 __all__ = [
   "PRESETS",
+  "adora",
+  "aspo",
+  "bapo",
   "bnpo",
   "cispo",
+  "copo",
   "dapo",
+  "dcpo",
+  "disco",
   "dr_grpo",
+  "empo",
   "get",
   "gmpo",
   "gpg",
   "grpo",
+  "grpo_lambda",
   "gspo",
+  "hapo",
+  "hdpo",
+  "kepo",
+  "kimi_opmd",
+  "l_grpo",
+  "mdpo",
+  "pf_ppo",
+  "polychromic",
   "ppo",
+  "rec",
+  "reg_grpo",
   "reinforce_pp",
   "remax",
+  "riskpo",
   "rloo",
+  "rto",
   "sapo",
+  "seed_grpo",
 ]

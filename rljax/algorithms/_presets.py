@@ -16,6 +16,11 @@ from rljax import transforms
 from rljax._src.base import Algorithm
 from rljax._src.base import Transform
 from rljax._src.base import chain
+from rljax.algorithms import _bounds
+from rljax.algorithms import _offpolicy
+from rljax.algorithms import _stateful
+from rljax.algorithms import _teacher
+from rljax.algorithms import _variants
 
 
 def _kl_loss(kl_coef: float) -> list[Transform]:
@@ -240,6 +245,12 @@ PRESETS = {
   "rloo": rloo,
   "sapo": sapo,
 }
+
+
+# The literature's presets, one module per family, join the registry.
+_FAMILIES = (_bounds, _offpolicy, _stateful, _teacher, _variants)
+for _family in _FAMILIES:
+  PRESETS.update(_family.PRESETS)
 
 
 def get(name: str, **kwargs) -> Algorithm:
