@@ -25,6 +25,11 @@ from rljax.advantages._returns import outcome_to_token_rewards
 from rljax.advantages._returns import reinforce_pp
 from rljax.advantages._returns import reinforce_pp_baseline
 from rljax.advantages._returns import whiten
+from rljax.advantages._reweight import answer_confidence
+from rljax.advantages._reweight import arm
+from rljax.advantages._reweight import grpo_s_scale
+from rljax.advantages._reweight import rapo_weights
+from rljax.advantages._reweight import red_drop
 from rljax.advantages._variants import adora
 from rljax.advantages._variants import adora_length_classes
 from rljax.advantages._variants import answer_entropy
@@ -48,7 +53,9 @@ from rljax.advantages._variants import top_groups
 __all__ = [
   "adora",
   "adora_length_classes",
+  "answer_confidence",
   "answer_entropy",
+  "arm",
   "aspo",
   "batch_std",
   "copo_global_advantages",
@@ -62,6 +69,7 @@ __all__ = [
   "gpg",
   "grpo",
   "grpo_lambda_mask",
+  "grpo_s_scale",
   "hdpo",
   "hdpo_channels",
   "kimi_length_reward",
@@ -72,6 +80,8 @@ __all__ = [
   "pf_ppo_indices",
   "pf_ppo_weights",
   "polychromic",
+  "rapo_weights",
+  "red_drop",
   "reinforce_pp",
   "reinforce_pp_baseline",
   "remax",

@@ -80,3 +80,52 @@ def seq_mean_token_sum_norm(
   return Mean(
     jnp.sum(seq_sum) / length, jnp.sum(seq_len > 0, dtype=jnp.float32)
   )
+
+
+_BODIES = ("seq_mean_token_mean", "token_mean")
+
+
+def decoupled(*, alpha: float = 1e-3, body: str = "seq_mean_token_mean"):
+  """Thinkless's DeGRPO (arXiv 2505.13379): the control token apart.
+
+  The first valid token of each completion (the mode-selecting control
+  token, ``<short>`` / ``<think>``) and the rest (the response) are
+  normalised separately, so a long response cannot drown the mode decision:
+
+    J = (1/E) sum_i ( alpha L_i,0 + (1/(n_i - 1)) sum_{t>=1} L_i,t )
+
+  (``body="seq_mean_token_mean"``, the paper's equation; exact under
+  micro-batching). The official code (VainF/Thinkless,
+  ``core_algos.compute_policy_loss``) computes alpha * mean_i L_i,0 plus the
+  token mean of the response tokens over the micro-batch:
+  ``body="token_mean"``, which, like the code, is per micro-batch (the
+  micro-batch values are averaged). Default alpha 1e-3 as in the official
+  training script. The penalties (KL) of the per-token loss are split the
+  same way, as in the code, where the KL is a separate term only when used
+  as a loss.
+
+  Returns an aggregation for `rljax.Algorithm`.
+  """
+  checks.non_negative(alpha=alpha)
+  checks.one_of("body", body, _BODIES)
+
+  def aggregate(loss_BT: ArrayLike, mask_BT: ArrayLike) -> Mean:
+    checks.same_shape(["loss_BT", "mask_BT"], loss_BT, mask_BT)
+    valid = stats.f32(mask_BT) > 0
+    first = valid & (jnp.cumsum(valid, axis=-1) == 1)
+    control = stats.masked_sum(loss_BT, first, axis=-1)
+    rest = valid & ~first
+    body_sum = stats.masked_sum(loss_BT, rest, axis=-1)
+    body_len = jnp.sum(rest, axis=-1, dtype=jnp.float32)
+    present = jnp.any(valid, axis=-1)
+    n_seq = jnp.sum(present, dtype=jnp.float32)
+    if body == "seq_mean_token_mean":
+      per_seq = alpha * control + stats.safe_div(body_sum, body_len)
+      return Mean(jnp.sum(per_seq), n_seq)
+    value = alpha * stats.safe_div(jnp.sum(control), n_seq) + stats.safe_div(
+      jnp.sum(body_sum), jnp.sum(body_len)
+    )
+    return Mean(value, jnp.ones((), jnp.float32))
+
+  aggregate.__name__ = f"decoupled_{body}"
+  return aggregate

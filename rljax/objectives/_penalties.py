@@ -6,6 +6,7 @@ share the algorithm's aggregation (verl's).
 """
 
 from collections.abc import Callable
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -30,13 +31,23 @@ def _scalar_metric(x) -> Mean:
 _AGAINST = ("reference", "old")
 
 
-def _add_kl(terms, batch, estimator, coef, against="reference") -> LossTerms:
+def _kl_weight(batch: Batch, weight: str) -> jax.Array:
+  """[P, G, T] per-token weight from ``extra[weight]`` (_PG or _PGT)."""
+  w = stats.f32(batch.get(weight, by="kl_penalty(weight=...)"))
+  return w[..., None] if weight.endswith("_PG") else w
+
+
+def _add_kl(
+  terms, batch, estimator, coef, against="reference", weight=None
+) -> LossTerms:
   if against == "reference":
     batch.require("ref_logp_PGT", by="kl_penalty")
     other, name = batch.ref_logp_PGT, "kl_ref"
   else:
     other, name = old_logp(terms.logp_PGT, batch), "kl_old_penalty"
   kl = estimator(terms.logp_PGT, other)
+  if weight is not None:
+    kl = kl * _kl_weight(batch, weight)
   metrics = dict(terms.metrics)
   metrics[name] = mean_metric(jax.lax.stop_gradient(kl), batch.loss_mask())
   metrics[f"{name}_coef" if against == "old" else "kl_coef"] = _scalar_metric(
@@ -48,7 +59,11 @@ def _add_kl(terms, batch, estimator, coef, against="reference") -> LossTerms:
 
 
 def kl_penalty(
-  estimator: Estimator, *, coef: float = 1e-3, against: str = "reference"
+  estimator: Estimator,
+  *,
+  coef: float = 1e-3,
+  against: str = "reference",
+  weight: Optional[str] = None,
 ) -> Transform:
   """Add coef * estimator(logp, other_logp) per token (verl `use_kl_loss`).
 
@@ -62,14 +77,25 @@ def kl_penalty(
   KL(pi_old || pi). Use k3 (`rljax.losses.kl_k3`)
   or k2 in the loss: k1's expected gradient is zero on-policy, so as a loss
   it does nothing on average.
+
+  ``weight`` names a ``Batch.extra`` entry (``_PG`` per sample or ``_PGT``
+  per token) that multiplies the per-token KL: a per-sample coefficient
+  written by an earlier stage (RAPO's reward-tilted reference,
+  `transforms.rapo_weights`; ARES's per-difficulty coefficient). The
+  ``kl_ref`` metric is then the weighted KL.
   """
   checks.non_negative(coef=coef)
   checks.one_of("against", against, _AGAINST)
+  if weight is not None and not weight.endswith(("_PG", "_PGT")):
+    raise ValueError(
+      f"kl_penalty: weight must name an extra entry ending in _PG or _PGT;"
+      f" got {weight!r}."
+    )
   return Transform(
     init=lambda: (),
     prepare=lambda batch, state: (batch, state),
     apply=lambda terms, batch, state: _add_kl(
-      terms, batch, estimator, coef, against
+      terms, batch, estimator, coef, against, weight
     ),
   )
 

@@ -36,6 +36,10 @@ from rljax.transforms._rewards import kl_in_reward
 from rljax.transforms._rewards import overlong_penalty
 from rljax.transforms._rewards import stop_properly_penalty
 from rljax.transforms._rewards import weighted_rewards
+from rljax.transforms._reweight import arm_advantages
+from rljax.transforms._reweight import grpo_s_rewards
+from rljax.transforms._reweight import rapo_weights
+from rljax.transforms._reweight import red_drop_advantages
 from rljax.transforms._selection import dynamic_sampling
 from rljax.transforms._selection import informative_groups
 from rljax.transforms._selection import kept_groups
@@ -94,6 +98,7 @@ __all__ = [
   "adora_length_criterion",
   "aepo_stream_advantages",
   "aepo_stream_targets",
+  "arm_advantages",
   "aspo_shaping",
   "budget_length_reward",
   "budget_schedule",
@@ -118,6 +123,7 @@ __all__ = [
   "gdpo_advantages",
   "group_advantages",
   "grpo_lambda_rewards",
+  "grpo_s_rewards",
   "hapo_entropy_scores",
   "hapo_history_rewards",
   "hapo_token_advantages",
@@ -139,6 +145,8 @@ __all__ = [
   "p_grpo_rewards",
   "pf_ppo_resample",
   "polychromic_advantages",
+  "rapo_weights",
+  "red_drop_advantages",
   "reinforce_pp_advantages",
   "reinforce_pp_baseline_advantages",
   "remax_advantages",
