@@ -29,6 +29,10 @@ from rljax.algorithms._stateful import hapo
 from rljax.algorithms._stateful import riskpo
 from rljax.algorithms._teacher import kepo
 from rljax.algorithms._teacher import rto
+from rljax.algorithms._tokens import progrpo
+from rljax.algorithms._tokens import rapo
+from rljax.algorithms._tokens import red_drop
+from rljax.algorithms._tokens import thinkless
 from rljax.algorithms._variants import adora
 from rljax.algorithms._variants import aspo
 from rljax.algorithms._variants import copo
@@ -67,7 +71,10 @@ __all__ = [
   "pf_ppo",
   "polychromic",
   "ppo",
+  "progrpo",
+  "rapo",
   "rec",
+  "red_drop",
   "reg_grpo",
   "reinforce_pp",
   "remax",
@@ -76,4 +83,5 @@ __all__ = [
   "rto",
   "sapo",
   "seed_grpo",
+  "thinkless",
 ]

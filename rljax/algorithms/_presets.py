@@ -20,6 +20,7 @@ from rljax.algorithms import _bounds
 from rljax.algorithms import _offpolicy
 from rljax.algorithms import _stateful
 from rljax.algorithms import _teacher
+from rljax.algorithms import _tokens
 from rljax.algorithms import _variants
 
 
@@ -248,7 +249,7 @@ PRESETS = {
 
 
 # The literature's presets, one module per family, join the registry.
-_FAMILIES = (_bounds, _offpolicy, _stateful, _teacher, _variants)
+_FAMILIES = (_bounds, _offpolicy, _stateful, _teacher, _tokens, _variants)
 for _family in _FAMILIES:
   PRESETS.update(_family.PRESETS)
 
