@@ -29,6 +29,7 @@ from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import LossTerms
 from rljax._src.base import Mean
+from rljax._src.base import Rescore
 from rljax._src.base import Transform
 from rljax._src.base import chain
 from rljax._src.base import finalize
@@ -42,6 +43,7 @@ __all__ = [
   "Batch",
   "LossTerms",
   "Mean",
+  "Rescore",
   "PromptTable",
   "Transform",
   "advantages",

@@ -105,3 +105,22 @@ def test_sample_mask_removes_samples_from_loss_and_normaliser():
   np.testing.assert_allclose(loss.den, mask.sum())
   grad = jax.grad(lambda l: algo.loss(l, b, s)[0].value)(logp)
   assert np.all(grad[0, 1:] == 0)
+
+
+def test_chain_merges_rescore_requests():
+  hot = rljax.Rescore("hot_PGT", temperature=2.0)
+  a = rljax.transforms.group_advantages(rljax.advantages.grpo)._replace(
+    rescores=(hot,)
+  )
+  b = a._replace(rescores=(hot, rljax.Rescore("ref_PGT", model="reference")))
+  algo = rljax.Algorithm(rljax.chain(a, b), rljax.aggregate.token_mean)
+  assert algo.rescores == (hot, rljax.Rescore("ref_PGT", model="reference"))
+  clash = a._replace(rescores=(rljax.Rescore("hot_PGT", temperature=0.5),))
+  with pytest.raises(ValueError, match="different passes"):
+    rljax.chain(a, clash)
+  with pytest.raises(ValueError, match="must end with _PGT"):
+    rljax.chain(a._replace(rescores=(rljax.Rescore("hot"),)))
+  with pytest.raises(ValueError, match="Rescore.model"):
+    rljax.chain(a._replace(rescores=(rljax.Rescore("x_PGT", model="critic"),)))
+  with pytest.raises(ValueError, match="temperature"):
+    rljax.chain(a._replace(rescores=(rljax.Rescore("x_PGT", temperature=0),)))

@@ -36,6 +36,11 @@ with its layout, ``_P``, ``_PG`` or ``_PGT`` (``correct_PG``,
 ``eps_low_PGT``). During ``prepare`` the batch also holds a PRNG ``key``
 (`Batch.require_key`), a different one for each stage of a chain.
 
+Extra scoring passes. A stage that needs the completion's log-probs under
+another temperature or model lists `Rescore` requests in
+``Transform.rescores``; the Trainer runs them with the old-log-prob pass and
+stores each in ``Batch.extra`` under its name before ``prepare``.
+
 `Algorithm(transform, aggregate)` adds the one reduction from per-token losses
 to a scalar. The loss is returned as a `Mean` (numerator, denominator), so that
 micro-batches and data-parallel shards sum to the exact global value.
@@ -233,14 +238,43 @@ class LossTerms(NamedTuple):
   metrics: dict[str, Mean]
 
 
+_RESCORE_MODELS = ("policy", "reference", "teacher")
+
+
+class Rescore(NamedTuple):
+  """A log-prob pass a stage asks the Trainer for (`Transform.rescores`).
+
+  Before ``prepare``, ``Batch.extra[name]`` holds the completion tokens' log
+  probabilities under ``model`` (``"policy"``: the weights that sampled
+  them, like `Batch.old_logp_PGT`; ``"reference"``; ``"teacher"``) with
+  the logits divided by ``temperature``: e.g. DCPO-dist's old policy at a
+  target temperature T*. Outside the Trainer, fill the entry yourself.
+  """
+
+  name: str
+  temperature: float = 1.0
+  model: str = "policy"
+
+  def check(self) -> "Rescore":
+    if not self.name.endswith("_PGT"):
+      raise ValueError(
+        f"Rescore name {self.name!r} must end with _PGT (one log-prob per"
+        " completion token)."
+      )
+    checks.positive(temperature=self.temperature)
+    checks.one_of("Rescore.model", self.model, _RESCORE_MODELS)
+    return self
+
+
 class Transform(NamedTuple):
-  """Three pure functions and two optional ones; see the module docstring."""
+  """Three pure functions and optional ones; see the module docstring."""
 
   init: Callable[[], State]
   prepare: Callable[[Batch, State], tuple[Batch, State]]
   apply: Callable[[LossTerms, Batch, State], LossTerms]
   measure: Optional[Callable[[LossTerms, Batch, State], dict[str, Mean]]] = None
   observe: Optional[Callable[[State, dict[str, Array]], State]] = None
+  rescores: tuple[Rescore, ...] = ()
 
 
 def _keep_batch(batch: Batch, state: State) -> tuple[Batch, State]:
@@ -326,7 +360,20 @@ def chain(*transforms: Transform) -> Transform:
     apply,
     measure=measure if measures else None,
     observe=observe if observes else None,
+    rescores=_merge_rescores(t.rescores for t in transforms),
   )
+
+
+def _merge_rescores(groups) -> tuple[Rescore, ...]:
+  """The stages' log-prob passes; one name may not mean two passes."""
+  merged: dict[str, Rescore] = {}
+  for request in (r.check() for group in groups for r in group):
+    if merged.setdefault(request.name, request) != request:
+      raise ValueError(
+        f"two stages ask for Batch.extra[{request.name!r}] with different"
+        f" passes: {merged[request.name]} and {request}; rename one."
+      )
+  return tuple(merged.values())
 
 
 class Aggregation(Protocol):
@@ -365,6 +412,11 @@ class Algorithm(NamedTuple):
     check_batch(batch)
     batch, state = self.transform.prepare(batch._replace(key=key), state)
     return batch._replace(key=None), state
+
+  @property
+  def rescores(self) -> tuple[Rescore, ...]:
+    """The extra log-prob passes the stages ask for (see `Rescore`)."""
+    return _merge_rescores([self.transform.rescores])
 
   @property
   def measures(self) -> bool:

@@ -27,6 +27,7 @@ from rljax.algorithms._presets import sapo
 from rljax.algorithms._stateful import empo
 from rljax.algorithms._stateful import hapo
 from rljax.algorithms._stateful import riskpo
+from rljax.algorithms._teacher import dcpo_dist
 from rljax.algorithms._teacher import kepo
 from rljax.algorithms._teacher import rto
 from rljax.algorithms._tokens import progrpo
@@ -53,6 +54,7 @@ __all__ = [
   "copo",
   "dapo",
   "dcpo",
+  "dcpo_dist",
   "disco",
   "dr_grpo",
   "empo",

@@ -77,8 +77,8 @@ def dcpo_dist(
   dual_clip: float | None = 3.0,
 ) -> Algorithm:
   """DCPO, distribution-centric (arXiv 2601.12730): GRPO advantages mixed
-  with the T*-ratio REINFORCE term (`transforms.dcpo_dist_advantages`; needs
-  ``Batch.extra['old_logp_tstar_PGT']``), PPO clip 0.2 with EasyR1's dual
+  with the T*-ratio REINFORCE term (`transforms.dcpo_dist_advantages`; the
+  Trainer runs its two temperature passes), PPO clip 0.2 with EasyR1's dual
   clip 3 and token-mean loss (the official code's EasyR1 defaults), no KL
   (its scripts: ``algorithm.disable_kl=true``)."""
   return Algorithm(
@@ -119,6 +119,6 @@ def aepo_arbitrary(
   )
 
 
-# dcpo_dist and aepo_arbitrary stay out of the registry: they read side data
-# (old log-probs at T*, a second rollout stream) that no run produces yet.
-PRESETS = {"rto": rto, "kepo": kepo}
+# aepo_arbitrary stays out of the registry: it reads a second rollout stream
+# (samples at another temperature) that no run produces yet.
+PRESETS = {"dcpo_dist": dcpo_dist, "rto": rto, "kepo": kepo}

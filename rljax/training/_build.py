@@ -238,8 +238,9 @@ def place_teacher(teacher, policy: Transformer, needed: bool, mesh):
   if teacher is None:
     if needed:
       raise UserError(
-        "the algorithm reads Batch.teacher_logp_PGT (a frozen model's token"
-        " log-probs): pass the model as Trainer(config, teacher=model)."
+        "the algorithm reads a frozen model's token log-probs"
+        " (Batch.teacher_logp_PGT, or a Rescore with model='teacher'): pass"
+        " the model as Trainer(config, teacher=model)."
       )
     return None
   vocab = getattr(getattr(teacher, "config", None), "vocab_size", None)

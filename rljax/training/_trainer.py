@@ -277,8 +277,13 @@ class Trainer:
         "teacher_logp_PGT",
       )
     }
+    # A stage's own log-prob passes (`rljax.Rescore`) may need a model too.
+    rescored = {r.model for r in self.algorithm.rescores}
     self.teacher = _build.place_teacher(
-      teacher, model, self.needs["teacher_logp_PGT"], self.mesh
+      teacher,
+      model,
+      self.needs["teacher_logp_PGT"] or "teacher" in rescored,
+      self.mesh,
     )
     critic = (
       _build.value_model_like(model) if self.needs["old_values_PGT"] else None
@@ -313,7 +318,7 @@ class Trainer:
       self._warm(model)
     self.state, self.shardings = _build.init_state(
       model,
-      reference=self.needs["ref_logp_PGT"],
+      reference=self.needs["ref_logp_PGT"] or "reference" in rescored,
       critic=critic,
       models=self.models,
       algorithm=self.algorithm,
@@ -583,9 +588,10 @@ class Trainer:
         ref_logp_PGT=zeros if self.needs["ref_logp_PGT"] else None,
         old_entropy_PGT=zeros if self.needs["old_entropy_PGT"] else None,
         teacher_logp_PGT=zeros if self.needs["teacher_logp_PGT"] else None,
-      )
+      ).with_extra(**{r.name: zeros for r in self.algorithm.rescores})
     teacher = None if self.teacher is None else self.teacher[1]
-    return batch._replace(**self._score(self.state, teacher, seqs))
+    scores = dict(self._score(self.state, teacher, seqs))
+    return batch._replace(**scores.pop("fields")).with_extra(**scores)
 
   @functools.cached_property
   def _score(self):
@@ -601,6 +607,7 @@ class Trainer:
     old_needed = t.epochs * t.minibatches > 1 or self.needs["old_logp_PGT"]
     models, needs = self.models, self.needs
     teacher_graph = None if self.teacher is None else self.teacher[0]
+    rescores = self.algorithm.rescores
 
     @jax.jit
     def score(state, teacher, seqs):
@@ -612,6 +619,16 @@ class Trainer:
         temperature=temperature,
         schedule=schedule,
       )
+      weights = {
+        "policy": lambda: nnx.merge(models.policy, state.policy.params),
+        "reference": lambda: nnx.merge(models.policy, state.reference),
+        "teacher": lambda: nnx.merge(teacher_graph, teacher),
+      }
+      # The stages' own passes (`rljax.Rescore`), into Batch.extra.
+      extra = {
+        r.name: logp(weights[r.model](), temperature=r.temperature)[0]
+        for r in rescores
+      }
       if old_needed or needs["old_entropy_PGT"]:
         old, entropy = logp(nnx.merge(models.policy, state.policy.params))
         out["old_entropy_PGT"] = entropy
@@ -623,8 +640,8 @@ class Trainer:
         critic = nnx.merge(models.value, state.value.params)
         out["old_values_PGT"] = completion_values(critic, seqs, width)
       if needs["teacher_logp_PGT"]:
-        out["teacher_logp_PGT"] = logp(nnx.merge(teacher_graph, teacher))[0]
-      return out
+        out["teacher_logp_PGT"] = logp(weights["teacher"]())[0]
+      return {"fields": out, **extra}
 
     return score
 

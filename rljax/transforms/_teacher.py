@@ -26,6 +26,7 @@ from rljax import advantages
 from rljax._src import checks
 from rljax._src import stats
 from rljax._src.base import Batch
+from rljax._src.base import Rescore
 from rljax._src.base import Transform
 from rljax._src.base import stateless_prepare
 from rljax.transforms._advantages import sequence_rewards
@@ -277,15 +278,13 @@ def dcpo_dist_advantages(
     alpha = min(|h_base - H|, 0.1)/p,  alpha <- alpha / (1 + alpha)
     A'_{i,t} = (1 - alpha) A_{i,t} + alpha b_i pi_old^{T*}(o_t) / pi_old(o_t)
 
-  Put it after an advantage stage (the `dcpo_dist` preset: GRPO). Reads
-  ``Batch.extra['old_logp_tstar_PGT']``: the old policy's log-probs of the
-  sampled tokens with its logits divided by T*. It comes from a second
-  pass of the trainer's old-log-prob forward (the one that fills
-  `old_logp_PGT`) with logits / T*, where T* =
-  ``dcpo_dist_temperature(dcpo_dist_entropy(batch))`` is known once
-  `old_logp_PGT` is (the official code's ``compute_log_probs`` with
-  ``meta_info['temperature'] = T*``). The `rljax.Trainer` does not run that
-  pass yet: supply it with ``Trainer(annotate=...)`` or fill the extra.
+  Put it after an advantage stage (the `dcpo_dist` preset: GRPO). pi_old^T*
+  is the old policy's log-probs of the sampled tokens with its logits
+  divided by T* (the official code's ``compute_log_probs`` with
+  ``meta_info['temperature'] = T*``). T* is one of two values, so the stage
+  asks the Trainer for both passes (`rljax.Rescore`:
+  ``Batch.extra['old_logp_t_high_PGT']`` and ``['old_logp_t_low_PGT']``)
+  and uses the one T* picks; outside the Trainer, fill those entries.
 
   Defaults: h_base 0.5 (``trainer.entropy_base``), T* in {1.2, 0.8},
   cap 0.1 and threshold 0.05, all from the official code. Choice: H is
@@ -309,8 +308,11 @@ def dcpo_dist_advantages(
 
   def fn(batch: Batch) -> Batch:
     batch.require("advantages_PGT", "old_logp_PGT", "rewards_PG", by=name)
-    tstar_logp = batch.get("old_logp_tstar_PGT", by=name)
+    high = batch.get("old_logp_t_high_PGT", by=name)
+    low = batch.get("old_logp_t_low_PGT", by=name)
     h = dcpo_dist_entropy(batch, source=entropy)
+    t_star = dcpo_dist_temperature(h, h_base=h_base, t_high=t_high, t_low=t_low)
+    tstar_logp = jnp.where(t_star == t_high, stats.f32(high), stats.f32(low))
     samples = batch.samples()
     correct = (stats.f32(batch.rewards_PG) > correct_threshold) * samples
     p = stats.safe_div(jnp.sum(correct), jnp.sum(samples))
@@ -321,7 +323,12 @@ def dcpo_dist_advantages(
     )
     return batch._replace(advantages_PGT=adv)
 
-  return stateless_prepare(fn)
+  return stateless_prepare(fn)._replace(
+    rescores=(
+      Rescore("old_logp_t_high_PGT", temperature=t_high),
+      Rescore("old_logp_t_low_PGT", temperature=t_low),
+    )
+  )
 
 
 # --------------------------------------------------------------------------

@@ -276,3 +276,48 @@ def test_per_prompt_state_is_the_same_across_a_resume(tmp_path):
   assert int((whole.seen > 0).sum()) >= 16
   np.testing.assert_array_equal(whole.seen, split.seen)
   np.testing.assert_allclose(whole.values, split.values, atol=1e-6)
+
+
+def _rescore_recorder(p=8, g=4, t=6):
+  """A stage that asks for two passes and records them (its state)."""
+
+  def prepare(batch, state):
+    return batch, {
+      "hot": batch.get("hot_PGT", by="rescore recorder"),
+      "ref": batch.get("ref_cold_PGT", by="rescore recorder"),
+    }
+
+  zeros = lambda: {"hot": jnp.zeros((p, g, t)), "ref": jnp.zeros((p, g, t))}  # noqa: E731
+  return rljax.Transform(
+    zeros,
+    prepare,
+    lambda terms, batch, state: terms,
+    rescores=(
+      rljax.Rescore("hot_PGT", temperature=2.0),
+      rljax.Rescore("ref_cold_PGT", temperature=0.5, model="reference"),
+    ),
+  )
+
+
+def test_rescore_passes_fill_extra_with_the_requested_log_probs(tmp_path):
+  config = _config("grpo", tmp_path)
+  grpo = rljax.algorithms.grpo()
+  algorithm = rljax.Algorithm(
+    rljax.chain(_rescore_recorder(), grpo.transform), grpo.aggregate
+  )
+  trainer = Trainer(config, algorithm=algorithm)
+  # The reference is kept for the pass even though no stage reads
+  # ref_logp_PGT; the policy's own old log-probs are not computed.
+  assert trainer.state.reference is not None
+  assert not trainer.needs["ref_logp_PGT"]
+  initial = _initial_policy(trainer)
+  trainer.step(0)
+  seen = jax.device_get(trainer.state.policy.algo_state[0])
+  seqs = _rollout.sequences(trainer._last.rollout)
+  mask = np.asarray(trainer._last.rollout.mask_PGT) > 0
+  for name, temperature in (("hot", 2.0), ("ref", 0.5)):
+    # The initial policy is the reference: both passes score its weights.
+    want = completion_logprobs(initial, seqs, 6, temperature=temperature)[0]
+    np.testing.assert_allclose(
+      seen[name][mask], np.asarray(want)[mask], atol=2e-5
+    )

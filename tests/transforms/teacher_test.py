@@ -166,13 +166,18 @@ def test_rto_bfloat16_inputs_give_finite_float32():
 def _dcpo_batch(seed=0, shift=0.0):
   batch = testing.random_batch(seed, prompts=3, samples=4, tokens=5)
   rng = np.random.default_rng(seed + 10)
-  tstar = np.asarray(batch.old_logp_PGT) + rng.normal(0, 0.3, batch.shape)
+  old = np.asarray(batch.old_logp_PGT)
+  high = old + rng.normal(0, 0.3, batch.shape)
+  low = old + rng.normal(0, 0.3, batch.shape)
   sample_mask = np.ones(batch.shape[:2], np.float32)
   sample_mask[0, 1] = 0.0
   return batch._replace(
     old_logp_PGT=np.asarray(batch.old_logp_PGT) + shift,
     sample_mask_PG=sample_mask,
-  ).with_extra(old_logp_tstar_PGT=tstar.astype(np.float32))
+  ).with_extra(
+    old_logp_t_high_PGT=high.astype(np.float32),
+    old_logp_t_low_PGT=low.astype(np.float32),
+  )
 
 
 def _dcpo_ref(batch, h_base=0.5, cap=0.1, thr=0.05):
@@ -193,7 +198,11 @@ def _dcpo_ref(batch, h_base=0.5, cap=0.1, thr=0.05):
     v = samples[i] > 0
     mu, sd = r[i, v].mean(), r[i, v].std(ddof=1)
     adv[i] = (r[i] - mu) / (sd + 1e-6)
-  rho = np.exp(np.asarray(batch.extra["old_logp_tstar_PGT"], np.float64) - old)
+  # T* = 1.2 (the high pass) when H <= h_base, else 0.8 (the low pass).
+  tstar = batch.extra[
+    "old_logp_t_high_PGT" if h <= h_base else "old_logp_t_low_PGT"
+  ]
+  rho = np.exp(np.asarray(tstar, np.float64) - old)
   out = (1 - alpha) * adv[..., None] + alpha * b[..., None] * rho
   return np.where(mask > 0, out, 0.0), h, alpha
 
@@ -273,10 +282,19 @@ def test_dcpo_dist_mix_gradient_and_properties():
   assert out16.dtype == jnp.float32 and np.all(np.isfinite(out16))
 
 
-def test_dcpo_dist_needs_the_tstar_pass():
+def test_dcpo_dist_asks_the_trainer_for_both_temperature_passes():
   batch = testing.random_batch(0)._replace(advantages_PGT=np.zeros((4, 4, 6)))
-  stage = transforms.dcpo_dist_advantages()
-  with pytest.raises(ValueError, match="old_logp_tstar_PGT"):
+  stage = transforms.dcpo_dist_advantages(t_high=1.3, t_low=0.7)
+  assert stage.rescores == (
+    rljax.Rescore("old_logp_t_high_PGT", temperature=1.3),
+    rljax.Rescore("old_logp_t_low_PGT", temperature=0.7),
+  )
+  algo = rljax.algorithms.get("dcpo_dist")
+  assert [r.name for r in algo.rescores] == [
+    "old_logp_t_high_PGT",
+    "old_logp_t_low_PGT",
+  ]
+  with pytest.raises(ValueError, match="old_logp_t_high_PGT"):
     stage.prepare(batch, stage.init())
   with pytest.raises(ValueError, match="entropy must be one of"):
     transforms.dcpo_dist_advantages(entropy="true")
@@ -471,8 +489,11 @@ def _preset_batch(name, seed):
   batch = testing.random_batch(seed)
   rng = np.random.default_rng(seed)
   if name == "dcpo_dist":
-    tstar = np.asarray(batch.old_logp_PGT) * 1.1
-    batch = batch.with_extra(old_logp_tstar_PGT=tstar.astype(np.float32))
+    old = np.asarray(batch.old_logp_PGT)
+    batch = batch.with_extra(
+      old_logp_t_high_PGT=(old * 0.9).astype(np.float32),
+      old_logp_t_low_PGT=(old * 1.1).astype(np.float32),
+    )
   if name == "aepo_arbitrary":
     stream = (rng.uniform(size=batch.shape[:2]) > 0.5).astype(np.float32)
     batch = batch.with_extra(from_stream_PG=stream)
@@ -496,6 +517,6 @@ def test_preset_jits_with_finite_loss_and_gradient(name):
 
 
 def test_presets_are_registered_names():
-  # dcpo_dist and aepo_arbitrary need side data no run produces yet.
-  assert set(presets.PRESETS) == {"rto", "kepo"}
+  # aepo_arbitrary needs a second rollout stream no run produces yet.
+  assert set(presets.PRESETS) == {"dcpo_dist", "rto", "kepo"}
   assert all(k == k.lower() and " " not in k for k in presets.PRESETS)
