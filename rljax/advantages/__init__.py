@@ -10,6 +10,16 @@ than 2 valid samples get advantage 0. Token estimators (`reinforce_pp`,
 building blocks.
 """
 
+from rljax.advantages._entropy import ARES_TABLE
+from rljax.advantages._entropy import AresRewardTable
+from rljax.advantages._entropy import adv_entropy_token_mask
+from rljax.advantages._entropy import ares_bucket_targets
+from rljax.advantages._entropy import ares_difficulty
+from rljax.advantages._entropy import ares_entropy_reward
+from rljax.advantages._entropy import hwe_threshold
+from rljax.advantages._entropy import hwe_trigger_count
+from rljax.advantages._entropy import max_variance_subset
+from rljax.advantages._entropy import window_entropy
 from rljax.advantages._group import batch_std
 from rljax.advantages._group import dr_grpo
 from rljax.advantages._group import gdpo
@@ -51,10 +61,16 @@ from rljax.advantages._variants import soft_advantage
 from rljax.advantages._variants import top_groups
 
 __all__ = [
+  "ARES_TABLE",
+  "AresRewardTable",
   "adora",
   "adora_length_classes",
+  "adv_entropy_token_mask",
   "answer_confidence",
   "answer_entropy",
+  "ares_bucket_targets",
+  "ares_difficulty",
+  "ares_entropy_reward",
   "arm",
   "aspo",
   "batch_std",
@@ -72,8 +88,11 @@ __all__ = [
   "grpo_s_scale",
   "hdpo",
   "hdpo_channels",
+  "hwe_threshold",
+  "hwe_trigger_count",
   "kimi_length_reward",
   "l_grpo_bonus",
+  "max_variance_subset",
   "opo",
   "outcome_to_token_rewards",
   "pass_at_k",
@@ -90,4 +109,5 @@ __all__ = [
   "soft_advantage",
   "top_groups",
   "whiten",
+  "window_entropy",
 ]

@@ -30,6 +30,8 @@ from rljax.algorithms._stateful import riskpo
 from rljax.algorithms._teacher import dcpo_dist
 from rljax.algorithms._teacher import kepo
 from rljax.algorithms._teacher import rto
+from rljax.algorithms._tokens import ares
+from rljax.algorithms._tokens import d3s
 from rljax.algorithms._tokens import progrpo
 from rljax.algorithms._tokens import rapo
 from rljax.algorithms._tokens import red_drop
@@ -47,11 +49,13 @@ from rljax.algorithms._variants import seed_grpo
 __all__ = [
   "PRESETS",
   "adora",
+  "ares",
   "aspo",
   "bapo",
   "bnpo",
   "cispo",
   "copo",
+  "d3s",
   "dapo",
   "dcpo",
   "dcpo_dist",

@@ -80,7 +80,51 @@ def red_drop(*, std_normalize: bool = False) -> Algorithm:
   )
 
 
+def d3s(
+  *,
+  sample_keep=(0.5, 1.0),
+  token_keep=(0.5, 1.0),
+  steps: int = 100,
+  eps: float = 0.2,
+) -> Algorithm:
+  """D3S (arXiv 2509.22115): GRPO with dynamic dual-level down-sampling
+  (`transforms.d3s_downsampling`: a maximum-variance subset of each group,
+  then the tokens with the largest |A| H, both relaxing to everything over
+  ``steps`` batches). The schedule's defaults are our choice."""
+  return Algorithm(
+    chain(
+      transforms.group_advantages(advantages.grpo),
+      transforms.d3s_downsampling(
+        sample_keep=sample_keep, token_keep=token_keep, steps=steps
+      ),
+      _ppo_clip(eps),
+    ),
+    aggregate.seq_mean_token_mean,
+  )
+
+
+def ares(
+  *, kl_coef: float = 1e-2, window: int = 4, eps: float = 0.2
+) -> Algorithm:
+  """ARES (arXiv 2510.08457): the difficulty-aware high-window-entropy
+  reward (`transforms.ares_entropy_shaping`) before GRPO's advantages,
+  PPO clip, and the k3 KL weighed per difficulty bucket (the stage's
+  ``kl_weight_PG``; neutral by default, see the stage). KL 1e-2 and the
+  window 4 are the official code's."""
+  return Algorithm(
+    chain(
+      transforms.ares_entropy_shaping(window=window),
+      transforms.group_advantages(advantages.grpo),
+      _ppo_clip(eps),
+      objectives.kl_penalty(losses.kl_k3, coef=kl_coef, weight="kl_weight_PG"),
+    ),
+    aggregate.seq_mean_token_mean,
+  )
+
+
 PRESETS = {
+  "ares": ares,
+  "d3s": d3s,
   "progrpo": progrpo,
   "rapo": rapo,
   "red_drop": red_drop,

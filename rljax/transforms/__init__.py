@@ -17,6 +17,11 @@ from rljax.transforms._bounds import dcpo_sas_advantages
 from rljax.transforms._bounds import etr_bounds
 from rljax.transforms._bounds import hapo_entropy_scores
 from rljax.transforms._bounds import hapo_token_advantages
+from rljax.transforms._entropy import AresState
+from rljax.transforms._entropy import D3SState
+from rljax.transforms._entropy import ares_entropy_shaping
+from rljax.transforms._entropy import d3s_downsampling
+from rljax.transforms._entropy import keep_schedule
 from rljax.transforms._group_rewards import adaptive_process_rewards
 from rljax.transforms._group_rewards import calibrated_rewards
 from rljax.transforms._group_rewards import cgpo_calibrated_rewards
@@ -91,13 +96,16 @@ from rljax.transforms._weights import token_tis
 
 __all__ = [
   "AepoState",
+  "AresState",
   "COPO_MIX",
+  "D3SState",
   "adaptive_kl_in_reward",
   "adaptive_process_rewards",
   "adora_advantages",
   "adora_length_criterion",
   "aepo_stream_advantages",
   "aepo_stream_targets",
+  "ares_entropy_shaping",
   "arm_advantages",
   "aspo_shaping",
   "budget_length_reward",
@@ -109,6 +117,7 @@ __all__ = [
   "clip_rewards",
   "cluster_frequency_rewards",
   "copo_advantages",
+  "d3s_downsampling",
   "dagrpo_mask",
   "dcpo_dist_advantages",
   "dcpo_dist_alpha",
@@ -132,6 +141,7 @@ __all__ = [
   "icepop",
   "informative_groups",
   "inverse_accuracy",
+  "keep_schedule",
   "kept_groups",
   "kimi_length_rewards",
   "kl_in_reward",
