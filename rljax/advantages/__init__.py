@@ -40,6 +40,11 @@ from rljax.advantages._reweight import arm
 from rljax.advantages._reweight import grpo_s_scale
 from rljax.advantages._reweight import rapo_weights
 from rljax.advantages._reweight import red_drop
+from rljax.advantages._tokens import gtpo_entropy_filter
+from rljax.advantages._tokens import gtpo_token_weights
+from rljax.advantages._tokens import hicra_amplify
+from rljax.advantages._tokens import strategic_gram_mask
+from rljax.advantages._tokens import tokens_after_trigger
 from rljax.advantages._variants import adora
 from rljax.advantages._variants import adora_length_classes
 from rljax.advantages._variants import answer_entropy
@@ -86,8 +91,11 @@ __all__ = [
   "grpo",
   "grpo_lambda_mask",
   "grpo_s_scale",
+  "gtpo_entropy_filter",
+  "gtpo_token_weights",
   "hdpo",
   "hdpo_channels",
+  "hicra_amplify",
   "hwe_threshold",
   "hwe_trigger_count",
   "kimi_length_reward",
@@ -107,6 +115,8 @@ __all__ = [
   "rloo",
   "seed_grpo",
   "soft_advantage",
+  "strategic_gram_mask",
+  "tokens_after_trigger",
   "top_groups",
   "whiten",
   "window_entropy",

@@ -32,6 +32,7 @@ from rljax.algorithms._teacher import kepo
 from rljax.algorithms._teacher import rto
 from rljax.algorithms._tokens import ares
 from rljax.algorithms._tokens import d3s
+from rljax.algorithms._tokens import gtpo
 from rljax.algorithms._tokens import progrpo
 from rljax.algorithms._tokens import rapo
 from rljax.algorithms._tokens import red_drop
@@ -68,6 +69,7 @@ __all__ = [
   "grpo",
   "grpo_lambda",
   "gspo",
+  "gtpo",
   "hapo",
   "hdpo",
   "kepo",

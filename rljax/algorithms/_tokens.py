@@ -1,5 +1,8 @@
 """Presets of the token- and confidence-level family: Thinkless's DeGRPO,
-ProGRPO (ARM), RAPO and RED-Drop, GTPO, HICRA, D3S and ARES."""
+ProGRPO (ARM), RAPO, RED-Drop, GTPO, D3S and ARES. HICRA and AdaCoT's
+decision-token mask are stages (`transforms.hicra`,
+`transforms.decision_token_mask`) that need a vocabulary's token ids, so
+they have no preset."""
 
 from rljax import advantages
 from rljax import aggregate
@@ -122,7 +125,23 @@ def ares(
   )
 
 
+def gtpo(*, weight: float = 2.0, positions: str = "all") -> Algorithm:
+  """GTPO (arXiv 2508.03772): GRPO advantages, conflict-token weights and
+  the entropy filter (`transforms.gtpo_advantages`), the official code's
+  REINFORCE loss (ratio 1 carrying the gradient) as a token mean per
+  completion averaged over completions; no KL, no reference model."""
+  return Algorithm(
+    chain(
+      transforms.group_advantages(advantages.grpo),
+      transforms.gtpo_advantages(weight=weight, positions=positions),
+      objectives.policy(losses.reinforce),
+    ),
+    aggregate.seq_mean_token_mean,
+  )
+
+
 PRESETS = {
+  "gtpo": gtpo,
   "ares": ares,
   "d3s": d3s,
   "progrpo": progrpo,

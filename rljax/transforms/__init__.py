@@ -75,6 +75,9 @@ from rljax.transforms._teacher import vcpo_ess_ratio
 from rljax.transforms._teacher import vcpo_lr_scale
 from rljax.transforms._teacher import vcpo_optimal_baseline
 from rljax.transforms._teacher import vcpo_sequence_weights
+from rljax.transforms._tokens import decision_token_mask
+from rljax.transforms._tokens import gtpo_advantages
+from rljax.transforms._tokens import hicra
 from rljax.transforms._variants import COPO_MIX
 from rljax.transforms._variants import adora_advantages
 from rljax.transforms._variants import adora_length_criterion
@@ -125,6 +128,7 @@ __all__ = [
   "dcpo_dist_mix",
   "dcpo_dist_temperature",
   "dcpo_sas_advantages",
+  "decision_token_mask",
   "dynamic_sampling",
   "empo_rewards",
   "etr_bounds",
@@ -133,10 +137,12 @@ __all__ = [
   "group_advantages",
   "grpo_lambda_rewards",
   "grpo_s_rewards",
+  "gtpo_advantages",
   "hapo_entropy_scores",
   "hapo_history_rewards",
   "hapo_token_advantages",
   "hdpo_advantages",
+  "hicra",
   "history_length_reward",
   "icepop",
   "informative_groups",
