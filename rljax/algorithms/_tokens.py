@@ -111,15 +111,15 @@ def ares(
 ) -> Algorithm:
   """ARES (arXiv 2510.08457): the difficulty-aware high-window-entropy
   reward (`transforms.ares_entropy_shaping`) before GRPO's advantages,
-  PPO clip, and the k3 KL weighed per difficulty bucket (the stage's
-  ``kl_weight_PG``; neutral by default, see the stage). KL 1e-2 and the
+  PPO clip, and the k3 KL to the reference with its per-difficulty
+  adaptive coefficient (`objectives.ares_kl_penalty`). KL 1e-2 and the
   window 4 are the official code's."""
   return Algorithm(
     chain(
       transforms.ares_entropy_shaping(window=window),
       transforms.group_advantages(advantages.grpo),
       _ppo_clip(eps),
-      objectives.kl_penalty(losses.kl_k3, coef=kl_coef, weight="kl_weight_PG"),
+      objectives.ares_kl_penalty(losses.kl_k3, coef=kl_coef),
     ),
     aggregate.seq_mean_token_mean,
   )

@@ -16,8 +16,10 @@ from rljax.objectives._masks import top_entropy_mask
 from rljax.objectives._mixed import mixed_policy
 from rljax.objectives._offpolicy import disco
 from rljax.objectives._offpolicy import mdpo
+from rljax.objectives._penalties import AresKlState
 from rljax.objectives._penalties import adaptive_entropy_bonus
 from rljax.objectives._penalties import adaptive_kl_penalty
+from rljax.objectives._penalties import ares_kl_penalty
 from rljax.objectives._penalties import entropy_bonus
 from rljax.objectives._penalties import kl_penalty
 from rljax.objectives._policy import policy
@@ -33,10 +35,12 @@ from rljax.objectives._teacher import vcpo_scale_by_ess
 from rljax.objectives._value import value_loss
 
 __all__ = [
+  "AresKlState",
   "VcpoState",
   "adaptive_entropy_bonus",
   "adaptive_kl_penalty",
   "aepo",
+  "ares_kl_penalty",
   "bapo",
   "capo_mask",
   "capo_scores",

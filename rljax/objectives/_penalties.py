@@ -6,7 +6,8 @@ share the algorithm's aggregation (verl's).
 """
 
 from collections.abc import Callable
-from typing import Optional
+import math
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ from rljax._src.base import Batch
 from rljax._src.base import LossTerms
 from rljax._src.base import Mean
 from rljax._src.base import Transform
+from rljax._src.base import _keep_batch
 from rljax._src.base import mean_metric
 from rljax._src.base import old_logp
 
@@ -192,3 +194,141 @@ def adaptive_entropy_bonus(
       terms, batch, state.coef * state.active
     ),
   )
+
+
+class AresKlState(NamedTuple):
+  """ARES's per-difficulty KL controller (easy, medium, hard)."""
+
+  beta_3: jax.Array  # the KL coefficient's factor per bucket
+  kl_3: jax.Array  # EMA of the bucket's mean sequence KL (NaN before any)
+  error_3: jax.Array  # EMA of the relative error, used at update steps
+  count: jax.Array  # optimizer steps observed
+
+
+def _bucket_kl(terms: LossTerms, batch: Batch, estimator, difficulty):
+  """Per-bucket sums of the valid samples' sequence-mean KL, and counts."""
+  batch.require("ref_logp_PGT", by="ares_kl_penalty")
+  d = jnp.asarray(batch.get(difficulty, by="ares_kl_penalty"), jnp.int32)
+  mask = batch.loss_mask()
+  kl = jax.lax.stop_gradient(estimator(terms.logp_PGT, batch.ref_logp_PGT))
+  seq = stats.masked_mean(kl, mask, axis=-1)  # [P, G]
+  present = (jnp.sum(mask, -1) > 0).astype(jnp.float32)
+  onehot = jax.nn.one_hot(d, 3, dtype=jnp.float32)  # [P, 3]
+  total_3 = jnp.einsum("pg,pk->k", seq * present, onehot)
+  count_3 = jnp.einsum("pg,pk->k", present, onehot)
+  return total_3, count_3
+
+
+def ares_kl_penalty(
+  estimator: Estimator,
+  *,
+  coef: float = 1e-2,
+  target: float | tuple[float, float, float] = 0.01,
+  beta_init: float = 1.0,
+  lr: float = 0.05,
+  clip: float = 0.2,
+  interval: int = 100,
+  deadzone: float = 0.02,
+  ema: float = 0.97,
+  beta_min: float = 1e-4,
+  beta_max: float = 1e2,
+  difficulty: str = "difficulty_P",
+) -> Transform:
+  """ARES (arXiv 2510.08457): a KL penalty whose coefficient adapts per
+  difficulty bucket (``extra[difficulty]``: 0 easy, 1 medium, 2 hard, as
+  written by `rljax.transforms.ares_entropy_shaping`).
+
+  Per token the penalty is coef * beta_d * KL (``estimator(logp, ref)``).
+  Each optimizer step, `measure` sums each bucket's sequence-mean KL over
+  the minibatch and `observe` runs the official code's controller
+  (``dp_actor._update_beta_per_bucket``) on every bucket present:
+
+    kl_d <- (1 - ema) KL_d + ema kl_d          (seeded by the first KL_d)
+    e = kl_d / target_d - 1; skipped if |e| < deadzone or the step count
+    is not a multiple of `interval`; else
+    e~_d <- (1 - ema) e + ema e~_d,
+    log beta_d <- clip(log beta_d + lr clip(e~_d, -clip, clip),
+                       log beta_min, log beta_max).
+
+  Defaults are the code's (``kl_target_default`` 0.01, ``kl_beta_init`` 1,
+  ``kl_beta_lr`` 0.05, ``kl_beta_clip`` 0.2, ``kl_update_interval`` 100,
+  ``kl_deadzone`` 0.02, ``kl_ema_decay`` 0.97, beta in [1e-4, 1e2]; the
+  actor's ``kl_coef`` 1e-2). Difference: the code updates once per
+  micro-batch with that micro-batch's KL (so `interval` counts
+  micro-batches); here once per optimizer step with the whole minibatch's
+  (exact under micro-batching and sharding). The code's "second-chance"
+  relaxation reads a reasoning soft cost its reward never produces, and is
+  left out.
+  """
+  targets = (target,) * 3 if isinstance(target, (int, float)) else target
+  if len(targets) != 3:
+    raise ValueError(
+      f"ares_kl_penalty: target is one value or 3 (easy, medium, hard); got"
+      f" {target!r}."
+    )
+  checks.positive(
+    beta_init=beta_init, beta_min=beta_min, beta_max=beta_max, target=targets
+  )
+  checks.non_negative(coef=coef, lr=lr, clip=clip, deadzone=deadzone)
+  checks.in_range("ema", ema, 0.0, 1.0)
+  if not isinstance(interval, int) or interval < 1:
+    raise ValueError(
+      f"ares_kl_penalty: interval must be an int >= 1; got {interval!r}."
+    )
+  if not difficulty.endswith("_P"):
+    raise ValueError(
+      f"ares_kl_penalty: difficulty must name an extra _P entry; got"
+      f" {difficulty!r}."
+    )
+  target_3 = jnp.asarray(targets, jnp.float32)
+  log_lo, log_hi = math.log(beta_min), math.log(beta_max)
+
+  def init():
+    return AresKlState(
+      beta_3=jnp.full((3,), beta_init, jnp.float32),
+      kl_3=jnp.full((3,), jnp.nan, jnp.float32),
+      error_3=jnp.zeros((3,), jnp.float32),
+      count=jnp.zeros((), jnp.int32),
+    )
+
+  def measure(terms, batch, state):
+    total_3, count_3 = _bucket_kl(terms, batch, estimator, difficulty)
+    return {
+      "kl_3": Mean(total_3, count_3),
+      "samples_3": Mean(count_3, jnp.zeros((3,), jnp.float32)),
+    }
+
+  def observe(state: AresKlState, values) -> AresKlState:
+    count = state.count + 1
+    present = values["samples_3"] > 0
+    cur = values["kl_3"]
+    last = jnp.where(jnp.isnan(state.kl_3), cur, state.kl_3)
+    kl_3 = jnp.where(present, (1.0 - ema) * cur + ema * last, state.kl_3)
+    error = kl_3 / target_3 - 1.0
+    due = present & (jnp.abs(error) >= deadzone) & (count % interval == 0)
+    error_3 = jnp.where(
+      due, (1.0 - ema) * error + ema * state.error_3, state.error_3
+    )
+    step = lr * jnp.clip(error_3, -clip, clip)
+    log_beta = jnp.log(jnp.clip(state.beta_3, beta_min, beta_max)) + step
+    beta_3 = jnp.where(
+      due, jnp.exp(jnp.clip(log_beta, log_lo, log_hi)), state.beta_3
+    )
+    return AresKlState(beta_3, kl_3, error_3, count)
+
+  def apply(terms: LossTerms, batch: Batch, state: AresKlState) -> LossTerms:
+    batch.require("ref_logp_PGT", by="ares_kl_penalty")
+    d = jnp.asarray(batch.get(difficulty, by="ares_kl_penalty"), jnp.int32)
+    beta = state.beta_3[d][:, None, None]
+    kl = estimator(terms.logp_PGT, batch.ref_logp_PGT)
+    metrics = dict(terms.metrics)
+    metrics["kl_ref"] = mean_metric(
+      jax.lax.stop_gradient(kl), batch.loss_mask()
+    )
+    for i, name in enumerate(("easy", "medium", "hard")):
+      metrics[f"ares_kl_beta_{name}"] = _scalar_metric(state.beta_3[i])
+    return terms._replace(
+      penalty_PGT=terms.penalty_PGT + coef * beta * kl, metrics=metrics
+    )
+
+  return Transform(init, _keep_batch, apply, measure=measure, observe=observe)
