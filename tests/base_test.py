@@ -122,5 +122,9 @@ def test_chain_merges_rescore_requests():
     rljax.chain(a._replace(rescores=(rljax.Rescore("hot"),)))
   with pytest.raises(ValueError, match="Rescore.model"):
     rljax.chain(a._replace(rescores=(rljax.Rescore("x_PGT", model="critic"),)))
+  with pytest.raises(ValueError, match="must end with _P "):
+    rljax.chain(a._replace(rescores=(rljax.Rescore("p_PGT", span="prompt"),)))
+  with pytest.raises(ValueError, match="Rescore.span"):
+    rljax.chain(a._replace(rescores=(rljax.Rescore("x_PGT", span="all"),)))
   with pytest.raises(ValueError, match="temperature"):
     rljax.chain(a._replace(rescores=(rljax.Rescore("x_PGT", temperature=0),)))

@@ -239,6 +239,7 @@ class LossTerms(NamedTuple):
 
 
 _RESCORE_MODELS = ("policy", "reference", "teacher")
+_RESCORE_SPANS = ("completion", "prompt")
 
 
 class Rescore(NamedTuple):
@@ -248,18 +249,26 @@ class Rescore(NamedTuple):
   probabilities under ``model`` (``"policy"``: the weights that sampled
   them, like `Batch.old_logp_PGT`; ``"reference"``; ``"teacher"``) with
   the logits divided by ``temperature``: e.g. DCPO-dist's old policy at a
-  target temperature T*. Outside the Trainer, fill the entry yourself.
+  target temperature T*. With ``span="prompt"`` it holds instead each
+  prompt's mean token log-prob (its log inverse perplexity; the first
+  prompt token, which has no context, left out), named ``..._P``: e.g.
+  ProGRPO's prompt confidence. Outside the Trainer, fill the entry
+  yourself.
   """
 
   name: str
   temperature: float = 1.0
   model: str = "policy"
+  span: str = "completion"
 
   def check(self) -> "Rescore":
-    if not self.name.endswith("_PGT"):
+    checks.one_of("Rescore.span", self.span, _RESCORE_SPANS)
+    layout = "_PGT" if self.span == "completion" else "_P"
+    if not self.name.endswith(layout):
       raise ValueError(
-        f"Rescore name {self.name!r} must end with _PGT (one log-prob per"
-        " completion token)."
+        f"Rescore name {self.name!r} must end with {layout} (span"
+        f" {self.span!r}: one log-prob per completion token, or one mean per"
+        " prompt)."
       )
     checks.positive(temperature=self.temperature)
     checks.one_of("Rescore.model", self.model, _RESCORE_MODELS)

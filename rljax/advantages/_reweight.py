@@ -73,9 +73,11 @@ def arm(
   A~_i = A_i + alpha (c(q) - c(o_i|q))  otherwise,
 
   with c(o_i|q) the answer confidence (`answer_confidence`) and c(q) the
-  prompt's confidence. When ``prompt_confidence_P`` is None, c(q) is the
-  group's mean answer confidence, so the term is zero-mean in the group
-  and only moves credit from over-confident to under-explored samples.
+  prompt's confidence, exp(mean prompt token log-prob), i.e. the inverse
+  of its perplexity (`transforms.arm_advantages` gets it from the
+  Trainer). When ``prompt_confidence_P`` is None, c(q) is the group's mean
+  answer confidence, so the term is zero-mean in the group and only moves
+  credit from over-confident to under-explored samples.
 
   Checked: the case split and the additive form against the paper's
   summary (the ARM equation quoted in a review of the paper); the paper's

@@ -98,6 +98,23 @@ def completion_logprobs(
   return back(logp), back(entropy)
 
 
+def prompt_mean_logprobs(
+  model, seqs: Sequences, prompt_width: int, *, temperature, schedule="auto"
+) -> jax.Array:
+  """[P] mean log p(token | earlier prompt tokens) over each prompt.
+
+  The prompt is the same for every sample of a group: the first sample's
+  is scored. Its first real token (predicted from padding) is left out.
+  """
+  tokens = seqs.tokens_PGL[:, 0, :prompt_width]
+  mask = jnp.asarray(seqs.mask_PGL[:, 0, :prompt_width], jnp.float32)
+  logp, _ = token_logprobs(
+    model, tokens, mask, temperature=temperature, schedule=schedule
+  )
+  follows = mask * jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
+  return jnp.sum(logp * follows, -1) / jnp.maximum(jnp.sum(follows, -1), 1.0)
+
+
 def completion_values(value_model, seqs: Sequences, width: int) -> jax.Array:
   """[P, G, T] V(state before token t): the value at token t's predictor."""
   p, g, length = seqs.tokens_PGL.shape

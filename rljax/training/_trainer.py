@@ -63,6 +63,7 @@ from rljax.training._step import UpdateSpec
 from rljax.training._step import all_finite
 from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
+from rljax.training._step import prompt_mean_logprobs
 from rljax.training._step import update
 from rljax.training._validate import validate
 from rljax.transforms import kept_groups
@@ -588,7 +589,12 @@ class Trainer:
         ref_logp_PGT=zeros if self.needs["ref_logp_PGT"] else None,
         old_entropy_PGT=zeros if self.needs["old_entropy_PGT"] else None,
         teacher_logp_PGT=zeros if self.needs["teacher_logp_PGT"] else None,
-      ).with_extra(**{r.name: zeros for r in self.algorithm.rescores})
+      ).with_extra(
+        **{
+          r.name: zeros if r.span == "completion" else zeros[:, 0, 0]
+          for r in self.algorithm.rescores
+        }
+      )
     teacher = None if self.teacher is None else self.teacher[1]
     scores = dict(self._score(self.state, teacher, seqs))
     return batch._replace(**scores.pop("fields")).with_extra(**scores)
@@ -625,8 +631,17 @@ class Trainer:
         "teacher": lambda: nnx.merge(teacher_graph, teacher),
       }
       # The stages' own passes (`rljax.Rescore`), into Batch.extra.
+      prompt_width = seqs.tokens_PGL.shape[-1] - width
       extra = {
         r.name: logp(weights[r.model](), temperature=r.temperature)[0]
+        if r.span == "completion"
+        else prompt_mean_logprobs(
+          weights[r.model](),
+          seqs,
+          prompt_width,
+          temperature=r.temperature,
+          schedule=schedule,
+        )
         for r in rescores
       }
       if old_needed or needs["old_entropy_PGT"]:

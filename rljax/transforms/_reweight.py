@@ -4,9 +4,12 @@ GRPO-S and RAPO's reward-tilted reference weights.
 
 from typing import Optional
 
+import jax.numpy as jnp
+
 from rljax._src import checks
 from rljax._src import stats
 from rljax._src.base import Batch
+from rljax._src.base import Rescore
 from rljax._src.base import Transform
 from rljax._src.base import stateless_prepare
 from rljax.advantages import _reweight as R
@@ -28,7 +31,7 @@ def arm_advantages(
   *,
   alpha: float = 0.1,
   low_fraction: Optional[float] = 0.2,
-  prompt_confidence: Optional[str] = None,
+  prompt_logp: Optional[str] = "prompt_logp_P",
 ) -> Transform:
   """ProGRPO (arXiv 2602.05281): ARM-reweighted advantages, after an
   advantage stage (the paper's is GRPO's).
@@ -38,9 +41,12 @@ def arm_advantages(
   `rljax.advantages.answer_confidence` (``low_fraction`` of the
   lowest-probability tokens); the sequence advantage (the masked mean over
   T of ``advantages_PGT``) is shifted by `rljax.advantages.arm` and the
-  shift added to every valid token. ``prompt_confidence`` names an extra
-  ``_P`` entry holding c(q); by default c(q) is the group's mean answer
-  confidence, because the Trainer does not score prompt tokens.
+  shift added to every valid token. c(q) = exp(mean prompt token log-prob)
+  (the inverse of the prompt's perplexity under the sampling policy, at
+  temperature 1): ``extra[prompt_logp]``, which the stage asks the Trainer
+  for (`rljax.Rescore` with ``span="prompt"``). ``prompt_logp=None`` uses
+  the group's mean answer confidence as c(q) instead (the term is then
+  zero-mean in each group).
   """
   checks.non_negative(alpha=alpha)
   R.check_low_fraction(low_fraction)
@@ -52,9 +58,9 @@ def arm_advantages(
     conf = R.answer_confidence(
       _behaviour_logp(batch, by), mask, low_fraction=low_fraction
     )
-    c_q = (
-      None if prompt_confidence is None else batch.get(prompt_confidence, by=by)
-    )
+    c_q = None
+    if prompt_logp is not None:
+      c_q = jnp.exp(stats.f32(batch.get(prompt_logp, by=by)))
     a_seq = stats.masked_mean(batch.advantages_PGT, mask, axis=-1)
     shaped = R.arm(
       a_seq,
@@ -69,7 +75,15 @@ def arm_advantages(
       answer_confidence_PG=conf
     )
 
-  return stateless_prepare(fn)
+  rescores = ()
+  if prompt_logp is not None:
+    if not prompt_logp.endswith("_P"):
+      raise ValueError(
+        f"arm_advantages: prompt_logp must name an extra _P entry; got"
+        f" {prompt_logp!r}."
+      )
+    rescores = (Rescore(prompt_logp, span="prompt"),)
+  return stateless_prepare(fn)._replace(rescores=rescores)
 
 
 def red_drop_advantages(

@@ -75,11 +75,19 @@ def test_arm_by_hand():
   np.testing.assert_allclose(got[0], [0.55, -0.75, 0.8], rtol=1e-6)
 
 
-def test_arm_stage_matches_numpy_and_splits_exactly():
+@pytest.mark.parametrize("prompt", [False, True])
+def test_arm_stage_matches_numpy_and_splits_exactly(prompt):
   b = random_batch(5, tokens=8)
   b = b._replace(sample_mask_PG=np.array([[1, 1, 0, 1]] * 4, np.float32))
+  prompt_logp = np.array([-0.5, -1.0, -0.1, -2.0], np.float32)
+  b = b.with_extra(prompt_logp_P=prompt_logp)
   stage = rljax.chain(
-    T.group_advantages(A.grpo), T.arm_advantages(alpha=0.3, low_fraction=0.5)
+    T.group_advantages(A.grpo),
+    T.arm_advantages(
+      alpha=0.3,
+      low_fraction=0.5,
+      prompt_logp="prompt_logp_P" if prompt else None,
+    ),
   )
   out = _prepare(stage, b)
   mask = np.asarray(b.loss_mask(), np.float64)
@@ -92,7 +100,7 @@ def test_arm_stage_matches_numpy_and_splits_exactly():
     v = valid[p] > 0
     if (r[p][v]).sum() == 0:
       continue
-    c_q = conf[p][v].mean()
+    c_q = np.exp(prompt_logp[p]) if prompt else conf[p][v].mean()
     for g in range(4):
       if v[g]:
         want[p, g] += 0.3 * (c_q - conf[p, g]) * mask[p, g]
@@ -106,8 +114,12 @@ def test_arm_stage_matches_numpy_and_splits_exactly():
 
 
 def test_arm_bfloat16_and_missing_fields():
-  b = random_batch(1, dtype=jnp.bfloat16)
+  b = random_batch(1, dtype=jnp.bfloat16).with_extra(
+    prompt_logp_P=np.zeros(4, jnp.bfloat16)
+  )
   stage = rljax.chain(T.group_advantages(A.grpo), T.arm_advantages())
+  assert stage.rescores == (rljax.Rescore("prompt_logp_P", span="prompt"),)
+  assert T.arm_advantages(prompt_logp=None).rescores == ()
   out = _prepare(stage, b)
   assert out.advantages_PGT.dtype == jnp.float32
   assert np.all(np.isfinite(out.advantages_PGT))
@@ -115,6 +127,10 @@ def test_arm_bfloat16_and_missing_fields():
     _prepare(stage, b._replace(old_logp_PGT=None, rollout_logp_PGT=None))
   with pytest.raises(ValueError, match="low_fraction"):
     T.arm_advantages(low_fraction=1.5)
+  with pytest.raises(ValueError, match="_P entry"):
+    T.arm_advantages(prompt_logp="prompt_logp_PG")
+  with pytest.raises(ValueError, match="prompt_logp_P"):
+    _prepare(stage, random_batch(1))
 
 
 # ---------------------------------------------------------------------------

@@ -41,9 +41,22 @@ def _batch(seed, prompts=4):
   )
 
 
+def _rescored(algo, batch):
+  """The extra log-prob passes the stages ask for (`rljax.Rescore`), as the
+  Trainer fills them: near the old log-probs, or a prompt's mean."""
+  for i, r in enumerate(algo.rescores):
+    old = jnp.asarray(batch.old_logp_PGT, jnp.float32)
+    value = (
+      old * (1.0 + 0.1 * (i + 1)) if r.span == "completion" else old[:, 0, 0]
+    )
+    batch = batch.with_extra(**{r.name: value.astype(batch.old_logp_PGT.dtype)})
+  return batch
+
+
 def _prepared(algo, batch, logp):
   """prepare, then (for stages that measure the minibatch) observe, as the
   trainer does before each optimizer step."""
+  batch = _rescored(algo, batch)
   batch, state = algo.prepare(batch, algo.init(), key=KEY)
   entropy = jnp.ones_like(logp)
   stats = algo.measure(logp, batch, state, entropy_PGT=entropy, key=KEY)

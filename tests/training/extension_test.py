@@ -285,16 +285,24 @@ def _rescore_recorder(p=8, g=4, t=6):
     return batch, {
       "hot": batch.get("hot_PGT", by="rescore recorder"),
       "ref": batch.get("ref_cold_PGT", by="rescore recorder"),
+      "prompt": batch.get("prompt_logp_P", by="rescore recorder"),
     }
 
-  zeros = lambda: {"hot": jnp.zeros((p, g, t)), "ref": jnp.zeros((p, g, t))}  # noqa: E731
+  def init():
+    return {
+      "hot": jnp.zeros((p, g, t)),
+      "ref": jnp.zeros((p, g, t)),
+      "prompt": jnp.zeros((p,)),
+    }
+
   return rljax.Transform(
-    zeros,
+    init,
     prepare,
     lambda terms, batch, state: terms,
     rescores=(
       rljax.Rescore("hot_PGT", temperature=2.0),
       rljax.Rescore("ref_cold_PGT", temperature=0.5, model="reference"),
+      rljax.Rescore("prompt_logp_P", span="prompt"),
     ),
   )
 
@@ -320,4 +328,14 @@ def test_rescore_passes_fill_extra_with_the_requested_log_probs(tmp_path):
     want = completion_logprobs(initial, seqs, 6, temperature=temperature)[0]
     np.testing.assert_allclose(
       seen[name][mask], np.asarray(want)[mask], atol=2e-5
+    )
+  # The prompt's mean log-prob, its first real token (no context) left out.
+  rollout = trainer._last.rollout
+  tokens = np.asarray(rollout.prompt_tokens_PGS)[:, 0]
+  pmask = np.asarray(rollout.prompt_mask_PGS)[:, 0]
+  logp = np.asarray(rljax.models.token_logprobs(initial, tokens, pmask)[0])
+  for i in range(tokens.shape[0]):
+    real = np.flatnonzero(pmask[i])[1:]
+    np.testing.assert_allclose(
+      seen["prompt"][i], logp[i, real].mean(), atol=2e-5
     )
