@@ -128,3 +128,28 @@ def test_chain_merges_rescore_requests():
     rljax.chain(a._replace(rescores=(rljax.Rescore("x_PGT", span="all"),)))
   with pytest.raises(ValueError, match="temperature"):
     rljax.chain(a._replace(rescores=(rljax.Rescore("x_PGT", temperature=0),)))
+
+
+def test_chain_multiplies_step_scales():
+  def scaled(factor):
+    return rljax.Transform(
+      lambda: jnp.float32(factor),
+      lambda batch, state: (batch, state),
+      lambda terms, batch, state: terms,
+      step_scale=lambda state: state,
+    )
+
+  plain = rljax.transforms.group_advantages(rljax.advantages.grpo)
+  algo = rljax.Algorithm(
+    rljax.chain(scaled(0.5), plain, scaled(3.0)), rljax.aggregate.token_mean
+  )
+  assert float(algo.step_scale(algo.init())) == 1.5
+  none = rljax.Algorithm(plain, rljax.aggregate.token_mean)
+  assert none.transform.step_scale is None
+  assert float(none.step_scale(none.init())) == 1.0
+  with pytest.raises(ValueError, match="model must be 'policy'"):
+    rljax.chain(
+      plain._replace(
+        rescores=(rljax.Rescore("g_PG", span="gradient", model="teacher"),)
+      )
+    )

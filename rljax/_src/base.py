@@ -37,9 +37,11 @@ with its layout, ``_P``, ``_PG`` or ``_PGT`` (``correct_PG``,
 (`Batch.require_key`), a different one for each stage of a chain.
 
 Extra scoring passes. A stage that needs the completion's log-probs under
-another temperature or model lists `Rescore` requests in
-``Transform.rescores``; the Trainer runs them with the old-log-prob pass and
-stores each in ``Batch.extra`` under its name before ``prepare``.
+another temperature or model, a prompt's perplexity or per-sample gradient
+norms lists `Rescore` requests in ``Transform.rescores``; the Trainer runs
+them with the old-log-prob pass and stores each in ``Batch.extra`` under its
+name before ``prepare``. A stage's ``step_scale(state)`` multiplies each
+optimizer step's update (a learning rate that follows a statistic).
 
 `Algorithm(transform, aggregate)` adds the one reduction from per-token losses
 to a scalar. The loss is returned as a `Mean` (numerator, denominator), so that
@@ -239,7 +241,7 @@ class LossTerms(NamedTuple):
 
 
 _RESCORE_MODELS = ("policy", "reference", "teacher")
-_RESCORE_SPANS = ("completion", "prompt")
+_RESCORE_SPANS = {"completion": "_PGT", "prompt": "_P", "gradient": "_PG"}
 
 
 class Rescore(NamedTuple):
@@ -252,8 +254,11 @@ class Rescore(NamedTuple):
   target temperature T*. With ``span="prompt"`` it holds instead each
   prompt's mean token log-prob (its log inverse perplexity; the first
   prompt token, which has no context, left out), named ``..._P``: e.g.
-  ProGRPO's prompt confidence. Outside the Trainer, fill the entry
-  yourself.
+  ProGRPO's prompt confidence. With ``span="gradient"`` it holds each
+  sample's squared gradient norm ||grad_theta sum_t log pi(y_t)||^2 over
+  the policy's parameters (one backward pass per sample, run one after
+  another), named ``..._PG``: VCPO's per-trajectory gradient norms. Outside
+  the Trainer, fill the entry yourself.
   """
 
   name: str
@@ -263,12 +268,17 @@ class Rescore(NamedTuple):
 
   def check(self) -> "Rescore":
     checks.one_of("Rescore.span", self.span, _RESCORE_SPANS)
-    layout = "_PGT" if self.span == "completion" else "_P"
+    layout = _RESCORE_SPANS[self.span]
     if not self.name.endswith(layout):
       raise ValueError(
         f"Rescore name {self.name!r} must end with {layout} (span"
-        f" {self.span!r}: one log-prob per completion token, or one mean per"
-        " prompt)."
+        f" {self.span!r}: one log-prob per completion token, one mean per"
+        " prompt, or one gradient norm per sample)."
+      )
+    if self.span == "gradient" and self.model != "policy":
+      raise ValueError(
+        "Rescore(span='gradient') differentiates the policy being trained;"
+        f" model must be 'policy', not {self.model!r}."
       )
     checks.positive(temperature=self.temperature)
     checks.one_of("Rescore.model", self.model, _RESCORE_MODELS)
@@ -276,7 +286,14 @@ class Rescore(NamedTuple):
 
 
 class Transform(NamedTuple):
-  """Three pure functions and optional ones; see the module docstring."""
+  """Three pure functions and optional ones; see the module docstring.
+
+  ``step_scale(state) -> scalar`` multiplies each optimizer step's update
+  (after the optimizer, so with AdamW it scales the learning rate and the
+  weight decay): a learning rate that follows a statistic, e.g. VCPO's
+  effective sample size. It reads the state after ``observe``; a chain
+  multiplies its stages' factors.
+  """
 
   init: Callable[[], State]
   prepare: Callable[[Batch, State], tuple[Batch, State]]
@@ -284,6 +301,7 @@ class Transform(NamedTuple):
   measure: Optional[Callable[[LossTerms, Batch, State], dict[str, Mean]]] = None
   observe: Optional[Callable[[State, dict[str, Array]], State]] = None
   rescores: tuple[Rescore, ...] = ()
+  step_scale: Optional[Callable[[State], Array]] = None
 
 
 def _keep_batch(batch: Batch, state: State) -> tuple[Batch, State]:
@@ -361,8 +379,16 @@ def chain(*transforms: Transform) -> Transform:
       for t, s, st in zip(transforms, _states(state), stats)
     )
 
+  def step_scale(state):
+    scale = jnp.ones((), jnp.float32)
+    for t, s in zip(transforms, _states(state)):
+      if t.step_scale is not None:
+        scale = scale * jnp.asarray(t.step_scale(s), jnp.float32)
+    return scale
+
   measures = any(t.measure for t in transforms)
   observes = any(t.observe for t in transforms)
+  scales = any(t.step_scale for t in transforms)
   return Transform(
     init,
     prepare,
@@ -370,6 +396,7 @@ def chain(*transforms: Transform) -> Transform:
     measure=measure if measures else None,
     observe=observe if observes else None,
     rescores=_merge_rescores(t.rescores for t in transforms),
+    step_scale=step_scale if scales else None,
   )
 
 
@@ -421,6 +448,13 @@ class Algorithm(NamedTuple):
     check_batch(batch)
     batch, state = self.transform.prepare(batch._replace(key=key), state)
     return batch._replace(key=None), state
+
+  def step_scale(self, state: State) -> Array:
+    """The factor on this optimizer step's update (see `Transform`'s
+    ``step_scale``); 1 when no stage scales it."""
+    if self.transform.step_scale is None:
+      return jnp.ones((), jnp.float32)
+    return jnp.asarray(self.transform.step_scale(state), jnp.float32)
 
   @property
   def rescores(self) -> tuple[Rescore, ...]:

@@ -30,6 +30,7 @@ from rljax.algorithms._stateful import riskpo
 from rljax.algorithms._teacher import dcpo_dist
 from rljax.algorithms._teacher import kepo
 from rljax.algorithms._teacher import rto
+from rljax.algorithms._teacher import vcpo
 from rljax.algorithms._tokens import ares
 from rljax.algorithms._tokens import d3s
 from rljax.algorithms._tokens import gtpo
@@ -92,4 +93,5 @@ __all__ = [
   "sapo",
   "seed_grpo",
   "thinkless",
+  "vcpo",
 ]

@@ -119,6 +119,23 @@ def aepo_arbitrary(
   )
 
 
+def vcpo(*, eps: float = 0.2, base_ess_ratio: float = 1.0) -> Algorithm:
+  """VCPO (arXiv 2602.17616): the minimum-variance off-policy baseline
+  from per-trajectory gradient norms (`transforms.vcpo_advantages`; the
+  Trainer runs the per-sample backward passes, `rljax.Rescore`), PPO clip,
+  token mean, and each optimizer step's update scaled by the minibatch's
+  effective sample size (`objectives.vcpo_ess`, sqrt rule). Defaults of the
+  official scripts (``shell/vcpo/math/vcpo_k=10.sh``)."""
+  return Algorithm(
+    chain(
+      transforms_teacher.vcpo_advantages(),
+      objectives.policy(losses.ppo_clip, eps_low=eps, eps_high=eps),
+      objectives_teacher.vcpo_ess(base_ess_ratio=base_ess_ratio),
+    ),
+    aggregate.token_mean,
+  )
+
+
 # aepo_arbitrary stays out of the registry: it reads a second rollout stream
 # (samples at another temperature) that no run produces yet.
-PRESETS = {"dcpo_dist": dcpo_dist, "rto": rto, "kepo": kepo}
+PRESETS = {"dcpo_dist": dcpo_dist, "rto": rto, "kepo": kepo, "vcpo": vcpo}

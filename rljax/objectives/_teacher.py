@@ -263,16 +263,14 @@ def vcpo_ess(
   `measure` sums sum w, sum w^2 and B over the micro-batches (exact for the
   whole minibatch), `observe` stores rho_ess and the scale in `VcpoState`,
   and `apply` reports them as metrics ``vcpo_ess_ratio`` and
-  ``vcpo_lr_scale``; it does not change the loss. Apply the scale to the
-  optimizer step with `vcpo_scale_by_ess` (an optax transformation), or set
-  ``learning_rate * scale`` through `optax.inject_hyperparams`.
+  ``vcpo_lr_scale``; it does not change the loss. The stage's
+  ``step_scale`` is the scale, so the Trainer multiplies each optimizer
+  step's update by it (the same as scaling AdamW's learning rate); a
+  custom loop multiplies by `rljax.Algorithm.step_scale` or chains
+  `vcpo_scale_by_ess` (an optax transformation).
 
   ``clip``: weights clipped at this value first (the code's
   ``use_clipped``, off by default).
-
-  Partial: the `rljax.Trainer` builds a fixed AdamW and does not pass the
-  statistic to its optimizer update, so in a Trainer run only the metrics
-  appear; a custom loop applies the scale.
 
   Defaults: rho_base 1.0, the sqrt rule (``shell/vcpo/math/vcpo_k=10.sh``).
 
@@ -330,6 +328,7 @@ def vcpo_ess(
     apply=apply,
     measure=measure,
     observe=observe,
+    step_scale=lambda state: state.lr_scale,
   )
 
 

@@ -115,6 +115,39 @@ def prompt_mean_logprobs(
   return jnp.sum(logp * follows, -1) / jnp.maximum(jnp.sum(follows, -1), 1.0)
 
 
+def trajectory_grad_sq_norms(
+  graph, params, seqs: Sequences, width: int, *, temperature, schedule="auto"
+) -> jax.Array:
+  """[P, G] ||grad_params sum_t log pi(y_t)||^2 of each sample's completion.
+
+  One backward pass per sample, run one after another (`jax.lax.map`), so
+  memory holds one gradient at a time.
+  """
+  p, g, length = seqs.tokens_PGL.shape
+
+  def one(row):
+    tokens, mask = row
+    single = Sequences(tokens[None, None], mask[None, None])
+
+    def total(prm):
+      logp, _ = completion_logprobs(
+        nnx.merge(graph, prm),
+        single,
+        width,
+        temperature=temperature,
+        schedule=schedule,
+      )
+      return jnp.sum(logp * mask[None, None, length - width :])
+
+    return optax.tree.norm(jax.grad(total)(params), squared=True)
+
+  rows = (
+    seqs.tokens_PGL.reshape(p * g, length),
+    jnp.asarray(seqs.mask_PGL, jnp.float32).reshape(p * g, length),
+  )
+  return jax.lax.map(one, rows).reshape(p, g)
+
+
 def completion_values(value_model, seqs: Sequences, width: int) -> jax.Array:
   """[P, G, T] V(state before token t): the value at token t's predictor."""
   p, g, length = seqs.tokens_PGL.shape
@@ -318,6 +351,10 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
   updates, opt_state = models.optimizer.update(
     grads, policy.opt_state, policy.params
   )
+  if algorithm.transform.step_scale is not None:
+    scale = algorithm.step_scale(policy.algo_state)
+    updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)
+    metrics["step_scale"] = Mean(scale, jnp.float32(1.0))
   stepped = policy._replace(
     params=optax.apply_updates(policy.params, updates),
     opt_state=opt_state,

@@ -64,6 +64,7 @@ from rljax.training._step import all_finite
 from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
 from rljax.training._step import prompt_mean_logprobs
+from rljax.training._step import trajectory_grad_sq_norms
 from rljax.training._step import update
 from rljax.training._validate import validate
 from rljax.transforms import kept_groups
@@ -591,7 +592,9 @@ class Trainer:
         teacher_logp_PGT=zeros if self.needs["teacher_logp_PGT"] else None,
       ).with_extra(
         **{
-          r.name: zeros if r.span == "completion" else zeros[:, 0, 0]
+          r.name: {"completion": zeros, "prompt": zeros[:, 0, 0]}.get(
+            r.span, zeros[..., 0]
+          )
           for r in self.algorithm.rescores
         }
       )
@@ -632,18 +635,27 @@ class Trainer:
       }
       # The stages' own passes (`rljax.Rescore`), into Batch.extra.
       prompt_width = seqs.tokens_PGL.shape[-1] - width
-      extra = {
-        r.name: logp(weights[r.model](), temperature=r.temperature)[0]
-        if r.span == "completion"
-        else prompt_mean_logprobs(
+      passes = {
+        "completion": lambda r: logp(
+          weights[r.model](), temperature=r.temperature
+        )[0],
+        "prompt": lambda r: prompt_mean_logprobs(
           weights[r.model](),
           seqs,
           prompt_width,
           temperature=r.temperature,
           schedule=schedule,
-        )
-        for r in rescores
+        ),
+        "gradient": lambda r: trajectory_grad_sq_norms(
+          models.policy,
+          state.policy.params,
+          seqs,
+          width,
+          temperature=r.temperature,
+          schedule=schedule,
+        ),
       }
+      extra = {r.name: passes[r.span](r) for r in rescores}
       if old_needed or needs["old_entropy_PGT"]:
         old, entropy = logp(nnx.merge(models.policy, state.policy.params))
         out["old_entropy_PGT"] = entropy

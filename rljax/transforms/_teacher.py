@@ -466,8 +466,10 @@ def vcpo_advantages(
   and w_i = pi_old(tau_i) / pi_rollout(tau_i) (`vcpo_sequence_weights`;
   needs `old_logp_PGT` and `rollout_logp_PGT`; ``use_is_weights=False``
   sets w = 1). |g_i|^2 comes from ``Batch.extra['grad_sq_norm_PG']``
-  (``grad_norms="extra"``): per-trajectory gradient norms, which the
-  `rljax.Trainer` does not compute (one backward per trajectory; partial);
+  (``grad_norms="extra"``): per-trajectory squared gradient norms of
+  sum_t log pi(y_t), which the stage asks the Trainer for
+  (`rljax.Rescore` with ``span="gradient"``: one backward pass per
+  trajectory, as the code's ``_compute_grad_norms``, at temperature 1);
   ``grad_norms="uniform"`` sets them to 1 (b* is then the w^2-weighted group
   mean of the rewards: a choice of this library, not in the paper).
 
@@ -507,7 +509,10 @@ def vcpo_advantages(
     )
     return batch._replace(advantages_PGT=adv[..., None] * mask)
 
-  return stateless_prepare(fn)
+  rescores = ()
+  if grad_norms == "extra":
+    rescores = (Rescore("grad_sq_norm_PG", span="gradient"),)
+  return stateless_prepare(fn)._replace(rescores=rescores)
 
 
 # --------------------------------------------------------------------------

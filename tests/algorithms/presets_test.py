@@ -43,12 +43,15 @@ def _batch(seed, prompts=4):
 
 def _rescored(algo, batch):
   """The extra log-prob passes the stages ask for (`rljax.Rescore`), as the
-  Trainer fills them: near the old log-probs, or a prompt's mean."""
+  Trainer fills them: near the old log-probs, a prompt's mean, or positive
+  gradient norms."""
   for i, r in enumerate(algo.rescores):
     old = jnp.asarray(batch.old_logp_PGT, jnp.float32)
-    value = (
-      old * (1.0 + 0.1 * (i + 1)) if r.span == "completion" else old[:, 0, 0]
-    )
+    value = {
+      "completion": old * (1.0 + 0.1 * (i + 1)),
+      "prompt": old[:, 0, 0],
+      "gradient": jnp.square(old[..., 0]) + 1.0,
+    }[r.span]
     batch = batch.with_extra(**{r.name: value.astype(batch.old_logp_PGT.dtype)})
   return batch
 

@@ -339,3 +339,55 @@ def test_rescore_passes_fill_extra_with_the_requested_log_probs(tmp_path):
     np.testing.assert_allclose(
       seen["prompt"][i], logp[i, real].mean(), atol=2e-5
     )
+
+
+def _grad_norm_recorder(p=8, g=4):
+  def prepare(batch, state):
+    return batch, batch.get("g2_PG", by="gradient recorder")
+
+  return rljax.Transform(
+    lambda: jnp.zeros((p, g)),
+    prepare,
+    lambda terms, batch, state: terms,
+    rescores=(rljax.Rescore("g2_PG", span="gradient"),),
+  )
+
+
+def test_gradient_pass_and_step_scale(tmp_path):
+  """`Rescore(span='gradient')` gives each sample's squared gradient norm of
+  its summed log-probs; a stage's `step_scale` multiplies the update (0:
+  the parameters do not move)."""
+  config = _config("grpo", tmp_path)
+  grpo = rljax.algorithms.grpo()
+  frozen = rljax.Transform(
+    lambda: (),
+    lambda batch, state: (batch, state),
+    lambda terms, batch, state: terms,
+    step_scale=lambda state: 0.0,
+  )
+  algorithm = rljax.Algorithm(
+    rljax.chain(_grad_norm_recorder(), grpo.transform, frozen), grpo.aggregate
+  )
+  trainer = Trainer(config, algorithm=algorithm)
+  before = jax.tree.map(np.array, trainer.state.policy.params)
+  initial = _initial_policy(trainer)
+  metrics = trainer.step(0)
+  assert metrics["step_scale"] == 0.0
+  after = jax.tree.map(np.array, trainer.state.policy.params)
+  jax.tree.map(np.testing.assert_array_equal, after, before)
+  seen = np.asarray(jax.device_get(trainer.state.policy.algo_state[0]))
+  seqs = _rollout.sequences(trainer._last.rollout)
+  graph, params = nnx.split(initial)
+  for p, g in [(0, 0), (3, 2), (7, 3)]:
+    tokens = jnp.asarray(seqs.tokens_PGL[p : p + 1, g : g + 1])
+    mask = jnp.asarray(seqs.mask_PGL[p : p + 1, g : g + 1], jnp.float32)
+
+    def total(prm, tokens=tokens, mask=mask):
+      model = nnx.merge(graph, prm)
+      one = type(seqs)(tokens, mask)
+      logp = completion_logprobs(model, one, 6, temperature=1.0)[0]
+      return jnp.sum(logp * mask[..., -6:])
+
+    grads = jax.grad(total)(params)
+    want = sum(float(jnp.sum(x**2)) for x in jax.tree.leaves(grads))
+    np.testing.assert_allclose(seen[p, g], want, rtol=2e-4)

@@ -494,6 +494,9 @@ def _preset_batch(name, seed):
       old_logp_t_high_PGT=(old * 0.9).astype(np.float32),
       old_logp_t_low_PGT=(old * 1.1).astype(np.float32),
     )
+  if name == "vcpo":
+    g2 = rng.uniform(0.5, 2.0, size=batch.shape[:2]).astype(np.float32)
+    batch = batch.with_extra(grad_sq_norm_PG=g2)
   if name == "aepo_arbitrary":
     stream = (rng.uniform(size=batch.shape[:2]) > 0.5).astype(np.float32)
     batch = batch.with_extra(from_stream_PG=stream)
@@ -518,5 +521,5 @@ def test_preset_jits_with_finite_loss_and_gradient(name):
 
 def test_presets_are_registered_names():
   # aepo_arbitrary needs a second rollout stream no run produces yet.
-  assert set(presets.PRESETS) == {"dcpo_dist", "rto", "kepo"}
+  assert set(presets.PRESETS) == {"dcpo_dist", "rto", "kepo", "vcpo"}
   assert all(k == k.lower() and " " not in k for k in presets.PRESETS)
