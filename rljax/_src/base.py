@@ -245,7 +245,7 @@ _RESCORE_SPANS = {"completion": "_PGT", "prompt": "_P", "gradient": "_PG"}
 
 
 class Rescore(NamedTuple):
-  """A log-prob pass a stage asks the Trainer for (`Transform.rescores`).
+  """A scoring pass a stage asks the Trainer for (`Transform.rescores`).
 
   Before ``prepare``, ``Batch.extra[name]`` holds the completion tokens' log
   probabilities under ``model`` (``"policy"``: the weights that sampled
@@ -401,7 +401,7 @@ def chain(*transforms: Transform) -> Transform:
 
 
 def _merge_rescores(groups) -> tuple[Rescore, ...]:
-  """The stages' log-prob passes; one name may not mean two passes."""
+  """The stages' scoring passes; one name may not mean two passes."""
   merged: dict[str, Rescore] = {}
   for request in (r.check() for group in groups for r in group):
     if merged.setdefault(request.name, request) != request:
@@ -458,7 +458,7 @@ class Algorithm(NamedTuple):
 
   @property
   def rescores(self) -> tuple[Rescore, ...]:
-    """The extra log-prob passes the stages ask for (see `Rescore`)."""
+    """The extra scoring passes the stages ask for (see `Rescore`)."""
     return _merge_rescores([self.transform.rescores])
 
   @property

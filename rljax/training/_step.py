@@ -148,6 +148,20 @@ def trajectory_grad_sq_norms(
   return jax.lax.map(one, rows).reshape(p, g)
 
 
+def rescore(
+  request, graph, params, seqs: Sequences, width: int, *, schedule="auto"
+) -> jax.Array:
+  """One `rljax.Rescore` pass of the model (``graph``, ``params``)."""
+  kw = dict(temperature=request.temperature, schedule=schedule)
+  if request.span == "gradient":
+    return trajectory_grad_sq_norms(graph, params, seqs, width, **kw)
+  model = nnx.merge(graph, params)
+  if request.span == "prompt":
+    prompt_width = seqs.tokens_PGL.shape[-1] - width
+    return prompt_mean_logprobs(model, seqs, prompt_width, **kw)
+  return completion_logprobs(model, seqs, width, **kw)[0]
+
+
 def completion_values(value_model, seqs: Sequences, width: int) -> jax.Array:
   """[P, G, T] V(state before token t): the value at token t's predictor."""
   p, g, length = seqs.tokens_PGL.shape

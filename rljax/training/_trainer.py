@@ -63,8 +63,7 @@ from rljax.training._step import UpdateSpec
 from rljax.training._step import all_finite
 from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
-from rljax.training._step import prompt_mean_logprobs
-from rljax.training._step import trajectory_grad_sq_norms
+from rljax.training._step import rescore
 from rljax.training._step import update
 from rljax.training._validate import validate
 from rljax.transforms import kept_groups
@@ -629,33 +628,15 @@ class Trainer:
         schedule=schedule,
       )
       weights = {
-        "policy": lambda: nnx.merge(models.policy, state.policy.params),
-        "reference": lambda: nnx.merge(models.policy, state.reference),
-        "teacher": lambda: nnx.merge(teacher_graph, teacher),
+        "policy": (models.policy, state.policy.params),
+        "reference": (models.policy, state.reference),
+        "teacher": (teacher_graph, teacher),
       }
       # The stages' own passes (`rljax.Rescore`), into Batch.extra.
-      prompt_width = seqs.tokens_PGL.shape[-1] - width
-      passes = {
-        "completion": lambda r: logp(
-          weights[r.model](), temperature=r.temperature
-        )[0],
-        "prompt": lambda r: prompt_mean_logprobs(
-          weights[r.model](),
-          seqs,
-          prompt_width,
-          temperature=r.temperature,
-          schedule=schedule,
-        ),
-        "gradient": lambda r: trajectory_grad_sq_norms(
-          models.policy,
-          state.policy.params,
-          seqs,
-          width,
-          temperature=r.temperature,
-          schedule=schedule,
-        ),
+      extra = {
+        r.name: rescore(r, *weights[r.model], seqs, width, schedule=schedule)
+        for r in rescores
       }
-      extra = {r.name: passes[r.span](r) for r in rescores}
       if old_needed or needs["old_entropy_PGT"]:
         old, entropy = logp(nnx.merge(models.policy, state.policy.params))
         out["old_entropy_PGT"] = entropy
@@ -667,7 +648,7 @@ class Trainer:
         critic = nnx.merge(models.value, state.value.params)
         out["old_values_PGT"] = completion_values(critic, seqs, width)
       if needs["teacher_logp_PGT"]:
-        out["teacher_logp_PGT"] = logp(weights["teacher"]())[0]
+        out["teacher_logp_PGT"] = logp(nnx.merge(teacher_graph, teacher))[0]
       return {"fields": out, **extra}
 
     return score

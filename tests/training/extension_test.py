@@ -307,40 +307,6 @@ def _rescore_recorder(p=8, g=4, t=6):
   )
 
 
-def test_rescore_passes_fill_extra_with_the_requested_log_probs(tmp_path):
-  config = _config("grpo", tmp_path)
-  grpo = rljax.algorithms.grpo()
-  algorithm = rljax.Algorithm(
-    rljax.chain(_rescore_recorder(), grpo.transform), grpo.aggregate
-  )
-  trainer = Trainer(config, algorithm=algorithm)
-  # The reference is kept for the pass even though no stage reads
-  # ref_logp_PGT; the policy's own old log-probs are not computed.
-  assert trainer.state.reference is not None
-  assert not trainer.needs["ref_logp_PGT"]
-  initial = _initial_policy(trainer)
-  trainer.step(0)
-  seen = jax.device_get(trainer.state.policy.algo_state[0])
-  seqs = _rollout.sequences(trainer._last.rollout)
-  mask = np.asarray(trainer._last.rollout.mask_PGT) > 0
-  for name, temperature in (("hot", 2.0), ("ref", 0.5)):
-    # The initial policy is the reference: both passes score its weights.
-    want = completion_logprobs(initial, seqs, 6, temperature=temperature)[0]
-    np.testing.assert_allclose(
-      seen[name][mask], np.asarray(want)[mask], atol=2e-5
-    )
-  # The prompt's mean log-prob, its first real token (no context) left out.
-  rollout = trainer._last.rollout
-  tokens = np.asarray(rollout.prompt_tokens_PGS)[:, 0]
-  pmask = np.asarray(rollout.prompt_mask_PGS)[:, 0]
-  logp = np.asarray(rljax.models.token_logprobs(initial, tokens, pmask)[0])
-  for i in range(tokens.shape[0]):
-    real = np.flatnonzero(pmask[i])[1:]
-    np.testing.assert_allclose(
-      seen["prompt"][i], logp[i, real].mean(), atol=2e-5
-    )
-
-
 def _grad_norm_recorder(p=8, g=4):
   def prepare(batch, state):
     return batch, batch.get("g2_PG", by="gradient recorder")
@@ -353,10 +319,11 @@ def _grad_norm_recorder(p=8, g=4):
   )
 
 
-def test_gradient_pass_and_step_scale(tmp_path):
-  """`Rescore(span='gradient')` gives each sample's squared gradient norm of
-  its summed log-probs; a stage's `step_scale` multiplies the update (0:
-  the parameters do not move)."""
+def test_rescore_passes_and_step_scale(tmp_path):
+  """Each `rljax.Rescore` pass fills Batch.extra: completion log-probs at
+  another temperature (policy, reference), a prompt's mean log-prob and
+  each sample's squared gradient norm of its summed log-probs; a stage's
+  `step_scale` multiplies the update (0: the parameters do not move)."""
   config = _config("grpo", tmp_path)
   grpo = rljax.algorithms.grpo()
   frozen = rljax.Transform(
@@ -366,16 +333,41 @@ def test_gradient_pass_and_step_scale(tmp_path):
     step_scale=lambda state: 0.0,
   )
   algorithm = rljax.Algorithm(
-    rljax.chain(_grad_norm_recorder(), grpo.transform, frozen), grpo.aggregate
+    rljax.chain(
+      _rescore_recorder(), _grad_norm_recorder(), grpo.transform, frozen
+    ),
+    grpo.aggregate,
   )
   trainer = Trainer(config, algorithm=algorithm)
+  # The reference is kept for its pass though no stage reads ref_logp_PGT.
+  assert trainer.state.reference is not None
+  assert not trainer.needs["ref_logp_PGT"]
   before = jax.tree.map(np.array, trainer.state.policy.params)
   initial = _initial_policy(trainer)
   metrics = trainer.step(0)
   assert metrics["step_scale"] == 0.0
   after = jax.tree.map(np.array, trainer.state.policy.params)
   jax.tree.map(np.testing.assert_array_equal, after, before)
-  seen = np.asarray(jax.device_get(trainer.state.policy.algo_state[0]))
+  passes = jax.device_get(trainer.state.policy.algo_state[0])
+  seqs = _rollout.sequences(trainer._last.rollout)
+  mask = np.asarray(trainer._last.rollout.mask_PGT) > 0
+  for name, temperature in (("hot", 2.0), ("ref", 0.5)):
+    # The initial policy is the reference: both passes score its weights.
+    want = completion_logprobs(initial, seqs, 6, temperature=temperature)[0]
+    np.testing.assert_allclose(
+      passes[name][mask], np.asarray(want)[mask], atol=2e-5
+    )
+  # The prompt's mean log-prob, its first real token (no context) left out.
+  rollout = trainer._last.rollout
+  tokens = np.asarray(rollout.prompt_tokens_PGS)[:, 0]
+  pmask = np.asarray(rollout.prompt_mask_PGS)[:, 0]
+  logp = np.asarray(rljax.models.token_logprobs(initial, tokens, pmask)[0])
+  for i in range(tokens.shape[0]):
+    real = np.flatnonzero(pmask[i])[1:]
+    np.testing.assert_allclose(
+      passes["prompt"][i], logp[i, real].mean(), atol=2e-5
+    )
+  seen = np.asarray(jax.device_get(trainer.state.policy.algo_state[1]))
   seqs = _rollout.sequences(trainer._last.rollout)
   graph, params = nnx.split(initial)
   for p, g in [(0, 0), (3, 2), (7, 3)]:
