@@ -20,14 +20,9 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from rljax._src import checks
-from rljax._src import sharding
 from rljax._src import stats
 from rljax.masks._tokens import _masked_quantile
 from rljax.masks._tokens import _quantile_index
-
-# The resolution of a traced quantile level (`adv_entropy_token_mask` under a
-# schedule): q is rounded to a multiple of 1 / _Q_DEN.
-_Q_DEN = 10_000
 
 # ---------------------------------------------------------------------------
 # D3S, sample level.
@@ -101,26 +96,6 @@ def max_variance_subset(
 # ---------------------------------------------------------------------------
 
 
-def _traced_quantile(x: jax.Array, valid: jax.Array, q: jax.Array) -> jax.Array:
-  """Linear-interpolation quantile of x[valid] at a traced level q.
-
-  Same as `rljax.masks.top_entropy_mask`'s quantile, with q rounded to a
-  multiple of 1/10000 so that the index q * (n - 1) stays exact in int32.
-  NaN when nothing is valid (no comparison keeps it).
-  """
-  padded = jnp.where(valid, x, jnp.inf)
-  ordered = jnp.sort(sharding.replicated(padded).reshape(-1))
-  n = jnp.sum(valid, dtype=jnp.int32)
-  last = jnp.maximum(n - 1, 0)
-  num = jnp.clip(jnp.round(q * _Q_DEN), 0, _Q_DEN).astype(jnp.int32)
-  whole, rest = jnp.divmod(last, _Q_DEN)
-  lo = num * whole + (num * rest) // _Q_DEN
-  frac = ((num * rest) % _Q_DEN).astype(jnp.float32) / _Q_DEN
-  hi = jnp.minimum(lo + 1, last)
-  a, b = ordered[lo], ordered[hi]
-  return jnp.where(n > 0, a + frac * (b - a), jnp.nan)
-
-
 def adv_entropy_token_mask(
   adv_BT: ArrayLike,
   entropy_BT: ArrayLike,
@@ -157,7 +132,7 @@ def adv_entropy_token_mask(
   h = jnp.where(valid, stats.f32(entropy_BT), 0.0)
   score = jax.lax.stop_gradient(jnp.abs(a) * h)
   rho = stats.f32(keep_fraction)
-  tau = _traced_quantile(score, valid, 1.0 - rho)
+  tau = _masked_quantile(score, valid, 1.0 - rho)
   return ((score >= tau) & valid).astype(jnp.float32)
 
 

@@ -27,18 +27,26 @@ def _masked(keep: jax.Array, mask_BT: ArrayLike) -> jax.Array:
   return jax.lax.stop_gradient(jnp.where(keep & (m > 0), m, 0.0))
 
 
-def _quantile_index(q: float, m: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """floor(q * m) and its fraction, exact in int32 (q is a static float)."""
+def _quantile_index(q, m: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """floor(q * m) and its fraction, exact in int32.
+
+  A static q is its nearest fraction with denominator <= 10^4; a traced q
+  (a schedule) is rounded to a multiple of 10^-4.
+  """
   # In float32, q * m drifts once m is large (with 10^6 tokens the fraction is
   # off by ~0.03; past 2^24 tokens even the index); a rational q stays exact.
-  ratio = fractions.Fraction(q).limit_denominator(10_000)
-  num, den = ratio.numerator, ratio.denominator
+  if isinstance(q, (int, float)):
+    ratio = fractions.Fraction(q).limit_denominator(10_000)
+    num, den = ratio.numerator, ratio.denominator
+  else:
+    den = 10_000
+    num = jnp.clip(jnp.round(stats.f32(q) * den), 0, den).astype(jnp.int32)
   whole, rest = jnp.divmod(m, den)
   lo = num * whole + (num * rest) // den
   return lo, ((num * rest) % den).astype(jnp.float32) / den
 
 
-def _masked_quantile(x: ArrayLike, valid: jax.Array, q: float) -> jax.Array:
+def _masked_quantile(x: ArrayLike, valid: jax.Array, q) -> jax.Array:
   """Linear-interpolation quantile (numpy default) of x[valid], static shapes.
 
   Invalid entries sort last as +inf; the interpolation position q * (n - 1)
