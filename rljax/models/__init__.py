@@ -4,18 +4,22 @@ from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._logprobs import token_logprobs
 from rljax.models._transformer import KVCache
+from rljax.models._transformer import PagedCache
 from rljax.models._transformer import Transformer
 from rljax.models._transformer import ValueModel
 from rljax.models._transformer import init_cache
+from rljax.models._transformer import init_pages
 from rljax.models._transformer import positions_from_mask
 
 __all__ = [
   "KVCache",
   "ModelConfig",
+  "PagedCache",
   "RopeScaling",
   "Transformer",
   "ValueModel",
   "init_cache",
+  "init_pages",
   "positions_from_mask",
   "token_logprobs",
 ]

@@ -30,6 +30,38 @@ class KVCache(NamedTuple):
   mask: jax.Array  # [B, max_length] 1 where a slot holds a real token
 
 
+class PagedCache(NamedTuple):
+  """Keys and values in fixed-size pages that many sequences share.
+
+  Row b's logical token j lives in page ``pages_BM[b, j // page_size]`` at
+  offset ``j % page_size``. Rows that fork from one prefix list the same
+  pages, so the prefix is stored once. Page 0 is scratch: padding tokens
+  are written there and no row reads it as one of its own.
+  """
+
+  k: jax.Array  # [L, D shards, pages per shard, page_size, N, K]
+  v: jax.Array  # [L, D shards, pages per shard, page_size, N, K]
+  pages_BM: jax.Array  # int32 [B, M] each row's pages (ids in its shard)
+  lengths_B: jax.Array  # int32 [B] tokens already cached per row
+
+
+def init_pages(
+  config: ModelConfig, num_pages: int, page_size: int, shards: int = 1
+):
+  """An empty page pool: (k, v), each [L, shards, num_pages, page_size, N,
+  K] (`num_pages` per shard)."""
+  shape = (
+    config.num_layers,
+    shards,
+    num_pages,
+    page_size,
+    config.num_kv_heads,
+    config.head_dim,
+  )
+  zeros = jnp.zeros(shape, config.dtype)
+  return zeros, zeros
+
+
 def init_cache(config: ModelConfig, batch: int, max_length: int) -> KVCache:
   """An empty cache for `batch` rows of up to `max_length` tokens."""
   shape = (
@@ -162,8 +194,65 @@ def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
   return out.reshape(b, s, h, k)
 
 
-def _layer(config, w, x, positions, inv_freq, kv, slots, allowed):
-  """One decoder layer; `kv` is (layer index, all layers' k, v) or None."""
+def _dense_io(slots):
+  """Write new keys / values at cache slots [slots, slots + S) of every row,
+  then read the layer's whole cache back."""
+
+  def io(i, k_all, v_all, k, v):
+    start = (i, 0, slots, 0, 0)
+    k_all = jax.lax.dynamic_update_slice(
+      k_all, k.astype(k_all.dtype)[None], start
+    )
+    v_all = jax.lax.dynamic_update_slice(
+      v_all, v.astype(v_all.dtype)[None], start
+    )
+    k = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
+    v = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
+    return k, v, k_all, v_all
+
+  return io
+
+
+def _paged_io(page_BS, offset_BS, pages_BM):
+  """Scatter new keys / values into their pages, then gather each row's
+  pages into a logical [B, M * page_size, N, K] view.
+
+  The pool has a shard axis D: rows ``[d B/D, (d + 1) B/D)`` use shard d's
+  pages. The per-shard gathers and scatters are batched (`jax.vmap`), so
+  with D split over the mesh's batch axes each device touches its own
+  pages only.
+  """
+
+  def io(i, k_all, v_all, k, v):
+    d = k_all.shape[1]
+
+    def shards(x):
+      return x.reshape(d, x.shape[0] // d, *x.shape[1:])
+
+    def write(x_all, x):
+      return jax.vmap(
+        lambda pool, p, o, new: pool.at[i, p, o].set(new),
+        in_axes=(1, 0, 0, 0),
+        out_axes=1,
+      )(
+        x_all, shards(page_BS), shards(offset_BS), shards(x.astype(x_all.dtype))
+      )
+
+    def read(x_all):
+      x = jax.vmap(lambda pool, p: pool[i][p], in_axes=(1, 0))(
+        x_all, shards(pages_BM)
+      )  # [D, B/D, M, page_size, N, K]
+      return x.reshape(-1, x.shape[2] * x.shape[3], *x.shape[4:])
+
+    k_all, v_all = write(k_all, k), write(v_all, v)
+    return read(k_all), read(v_all), k_all, v_all
+
+  return io
+
+
+def _layer(config, w, x, positions, inv_freq, kv, io, allowed):
+  """One decoder layer; `kv` is (layer index, all layers' k, v) or None,
+  and `io` writes this layer's new keys / values and reads them back."""
   c, dt = config, x.dtype
   h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
   q = jnp.einsum("bsd,dhk->bshk", h, w["q_proj"].astype(dt))
@@ -183,16 +272,7 @@ def _layer(config, w, x, positions, inv_freq, kv, slots, allowed):
     # Write this layer's new slots into the whole [L, ...] cache, in place,
     # then read the layer back: as a loop carry XLA updates the buffer
     # without copying it (as scan xs/ys it copied every layer every step).
-    i, k_all, v_all = kv
-    start = (i, 0, slots, 0, 0)
-    k_all = jax.lax.dynamic_update_slice(
-      k_all, k.astype(k_all.dtype)[None], start
-    )
-    v_all = jax.lax.dynamic_update_slice(
-      v_all, v.astype(v_all.dtype)[None], start
-    )
-    k = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
-    v = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
+    k, v, k_all, v_all = io(*kv, k, v)
     kv = (k_all, v_all)
   attn = _attention(q, k.astype(dt), v.astype(dt), allowed)
   x = x + jnp.einsum("bshk,hkd->bsd", attn, w["o_proj"].astype(dt))
@@ -242,14 +322,17 @@ class Transformer(nnx.Module):
     attention_mask_BS: Optional[ArrayLike] = None,
     *,
     positions_BS: Optional[ArrayLike] = None,
-    cache: Optional[KVCache] = None,
+    cache: Optional[KVCache | PagedCache] = None,
     cache_index: ArrayLike = 0,
-  ) -> tuple[jax.Array, Optional[KVCache]]:
+  ) -> tuple[jax.Array, Optional[KVCache | PagedCache]]:
     """Final-norm hidden states [B, S, D] and the updated cache.
 
     Without a cache the S tokens attend causally among themselves. With a
-    cache they are written to slots [cache_index, cache_index + S) and attend
-    to every earlier real slot.
+    `KVCache` they are written to slots [cache_index, cache_index + S) and
+    attend to every earlier real slot. With a `PagedCache` row b's real
+    tokens (``attention_mask_BS`` is right-padded there) become its logical
+    tokens ``lengths_B[b] + s`` (positions default to those) and attend to
+    every earlier token of the row; ``cache_index`` is unused.
     """
     c = self.config
     tokens = jnp.asarray(tokens_BS)
@@ -260,12 +343,26 @@ class Transformer(nnx.Module):
       if attention_mask_BS is None
       else jnp.asarray(attention_mask_BS, jnp.int32)
     )
+    paged = isinstance(cache, PagedCache)
+    if positions_BS is None and paged:
+      positions_BS = cache.lengths_B[:, None] + jnp.arange(s)[None]
     if positions_BS is None:
       if cache is not None:
         raise ValueError("pass positions_BS when decoding with a cache.")
       positions_BS = positions_from_mask(mask)
     x = self.embed[...].astype(c.dtype)[tokens]
-    if cache is None:
+    if paged:
+      # Logical slot of each new token; padding goes to scratch page 0.
+      size = cache.k.shape[3]
+      slot_BS = cache.lengths_B[:, None] + jnp.arange(s)[None]
+      block = jnp.minimum(slot_BS // size, cache.pages_BM.shape[1] - 1)
+      page_BS = jnp.where(
+        mask > 0, jnp.take_along_axis(cache.pages_BM, block, axis=1), 0
+      )
+      io = _paged_io(page_BS, slot_BS % size, cache.pages_BM)
+      key_slots = jnp.arange(cache.pages_BM.shape[1] * size)
+      allowed = key_slots[None, None, :] <= slot_BS[:, :, None]
+    elif cache is None:
       key_mask, query_slots, key_slots = mask, jnp.arange(s), jnp.arange(s)
     else:
       key_mask = jax.lax.dynamic_update_slice(
@@ -273,8 +370,10 @@ class Transformer(nnx.Module):
       )
       query_slots = cache_index + jnp.arange(s)
       key_slots = jnp.arange(cache.mask.shape[1])
-    causal = key_slots[None, :] <= query_slots[:, None]  # [S, S_keys]
-    allowed = causal[None] & (key_mask[:, None, :] > 0)
+    if not paged:
+      causal = key_slots[None, :] <= query_slots[:, None]  # [S, S_keys]
+      allowed = causal[None] & (key_mask[:, None, :] > 0)
+      io = _dense_io(cache_index)
     weights = {
       k: v[...]
       for k, v in vars(self.layers).items()
@@ -287,7 +386,7 @@ class Transformer(nnx.Module):
       x, kvs = carry
       w, i = xs
       kv = None if kvs is None else (i, *kvs)
-      x, kvs = _layer(c, w, x, positions, inv_freq, kv, cache_index, allowed)
+      x, kvs = _layer(c, w, x, positions, inv_freq, kv, io, allowed)
       return (x, kvs), None
 
     kvs = None if cache is None else (cache.k, cache.v)
@@ -296,7 +395,10 @@ class Transformer(nnx.Module):
       body, (x, kvs), (weights, layer_ids), unroll=c.scan_unroll
     )
     x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
-    if cache is not None:
+    if paged:
+      lengths = cache.lengths_B + jnp.sum(mask, axis=1)
+      cache = PagedCache(kvs[0], kvs[1], cache.pages_BM, lengths)
+    elif cache is not None:
       cache = KVCache(kvs[0], kvs[1], key_mask)
     return x, cache
 

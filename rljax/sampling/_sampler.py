@@ -44,6 +44,9 @@ class Rollout(NamedTuple):
   logp_PGT: jax.Array  # the sampler's log-prob of each sampled token
   truncated_PG: jax.Array  # bool: no stop id within max_new_tokens
   group_ids_PG: jax.Array  # int32 prompt index p of every sample
+  # log-prob under the full distribution at the sampling temperature (no
+  # top-k / top-p): what the trainer's log-probs recompute.
+  full_logp_PGT: jax.Array
 
 
 class _Settings(NamedTuple):
@@ -74,10 +77,15 @@ class _Decode(NamedTuple):
   tokens_BT: jax.Array
   mask_BT: jax.Array
   logp_BT: jax.Array
+  full_BT: jax.Array
 
 
 def _sample(logits_BV, key, s: _Settings, k: _Knobs):
-  """A token per row and its log-prob under the distribution it came from."""
+  """A token per row and its log-prob under the distribution it came from
+  and under the full distribution at the temperature."""
+  full = jax.nn.log_softmax(
+    jnp.asarray(logits_BV, jnp.float32) / k.temperature, axis=-1
+  )
   if s.greedy:
     tokens = jnp.argmax(logits_BV, axis=-1)
     logits = logits_BV
@@ -86,11 +94,14 @@ def _sample(logits_BV, key, s: _Settings, k: _Knobs):
     logits = _process(logits_BV, k.temperature, s.top_k, top_p)
     tokens = jax.random.categorical(key, logits, axis=-1)
   logp = jax.nn.log_softmax(logits, axis=-1)
-  picked = jnp.take_along_axis(logp, tokens[:, None], -1)[:, 0]
-  return tokens.astype(jnp.int32), picked
+
+  def pick(x):
+    return jnp.take_along_axis(x, tokens[:, None], -1)[:, 0]
+
+  return tokens.astype(jnp.int32), pick(logp), pick(full)
 
 
-def _record(c: _Decode, tokens_B, logp_B, stop_ids) -> _Decode:
+def _record(c: _Decode, tokens_B, logp_B, full_B, stop_ids) -> _Decode:
   """Write step t's tokens (PAD for stopped rows) and update `done`."""
   alive = ~c.done_B
   tokens = jnp.where(alive, tokens_B, PAD)
@@ -106,6 +117,7 @@ def _record(c: _Decode, tokens_B, logp_B, stop_ids) -> _Decode:
     tokens_BT=put(c.tokens_BT, tokens),
     mask_BT=put(c.mask_BT, alive.astype(jnp.int32)),
     logp_BT=put(c.logp_BT, jnp.where(alive, logp_B, 0.0)),
+    full_BT=put(c.full_BT, jnp.where(alive, full_B, 0.0)),
   )
 
 
@@ -149,6 +161,7 @@ def _decode(model, cache, logits_BV, lengths_B, key, s, k: _Knobs, width):
     zeros_B != 0,
     zeros_BT,
     zeros_BT,
+    zeros_BT.astype(jnp.float32),
     zeros_BT.astype(jnp.float32),
   )
   first = _sample(logits_BV, jax.random.fold_in(key, 0), s, k)
@@ -196,6 +209,7 @@ def _generate(graphdef, state, tokens_PS, mask_PS, key, s: _Settings, k):
     tokens_PGT=groups(c.tokens_BT),
     mask_PGT=groups(c.mask_BT),
     logp_PGT=groups(c.logp_BT),
+    full_logp_PGT=groups(c.full_BT),
     truncated_PG=groups(~c.done_B),
     group_ids_PG=jnp.broadcast_to(
       jnp.arange(p, dtype=jnp.int32)[:, None], (p, g)
