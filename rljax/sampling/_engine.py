@@ -99,6 +99,7 @@ class Sequence:
   forks: int = 0  # children forked so far (child j draws with key j)
   released: bool = False
   admitted: int = -1  # admission order (preemption picks the latest)
+  turn_start: int = 0  # index of this turn's first sampled token
 
   @property
   def steps(self) -> int:
@@ -109,6 +110,11 @@ class Sequence:
   def completion(self) -> list:
     """The tokens after the prompt."""
     return self.tokens[self.prompt_length :]
+
+  @property
+  def turn(self) -> list:
+    """The tokens sampled since the last `add`, `fork` or `extend`."""
+    return self.tokens[self.turn_start :]
 
   @property
   def done(self) -> bool:
@@ -327,8 +333,8 @@ class Engine:
     stop_ids: token ids that end a sequence (the stop token is kept).
     stop_rule: host-side ``fn(sequence) -> Optional[int]``, called after
       each segment on sequences that sampled new tokens; a number n stops
-      the sequence keeping only its first n completion tokens (stop
-      strings: `stop_at_strings`).
+      the sequence keeping only the first n (>= 1) tokens of its turn
+      (`Sequence.turn`; stop strings: `stop_at_strings`).
     pause: device-side ``fn(StepInfo) -> bool[B]``, a branch rule; a
       sequence pauses (``stop_reason == PAUSE``) after a step where it is
       true, and can then be forked or continued.
@@ -508,6 +514,7 @@ class Engine:
       limit=parent.steps + int(max_new_tokens),
       keep=keep,
       parent=parent,
+      turn_start=len(parent.tokens),
     )
     parent.pending_children += 1
     self._waiting.append(child)
@@ -556,6 +563,7 @@ class Engine:
     seq.full_logp += [0.0] * len(tokens)
     seq.temperature += [0.0] * len(tokens)
     seq.limit = seq.steps + int(max_new_tokens)
+    seq.turn_start = len(seq.tokens)
     if temperature is not None:
       seq.base_temperature = float(temperature)
     seq.stop_reason = RUNNING
@@ -607,6 +615,16 @@ class Engine:
       return False
     seq.pages += pages
     return True
+
+  def close(self) -> None:
+    """Drop the page pool (its memory) once nothing is queued or kept;
+    the next `run` makes a new one. Compiled programs stay."""
+    if self._waiting or self.pages_in_use():
+      raise ValueError(
+        "the engine still holds sequences (queued or kept); release them"
+        " before close()."
+      )
+    self._pool = None
 
   def pages_in_use(self) -> int:
     """Pages held now, over all shards (scratch pages not counted)."""
@@ -873,7 +891,7 @@ class Engine:
       seq.full_logp += out["full_logp"][i, :count].tolist()
       seq.temperature += out["temperature"][i, :count].tolist()
       reason = int(out["reason"][i])
-      if reason == RUNNING and self.stop_rule is not None and count:
+      if self.stop_rule is not None and count:
         cut = self.stop_rule(seq)
         if cut is not None:
           self._truncate(seq, int(cut))
@@ -886,8 +904,8 @@ class Engine:
         self._maybe_free(seq)
 
   def _truncate(self, seq: Sequence, keep: int) -> None:
-    """Keep the first `keep` completion tokens (a stop rule's cut)."""
-    end = seq.prompt_length + max(int(keep), 0)
+    """Keep the first `keep` tokens of this turn (a stop rule's cut)."""
+    end = seq.turn_start + min(max(int(keep), 1), len(seq.turn))
     for field in ("sampled", "logp", "full_logp", "temperature"):
       setattr(seq, field, getattr(seq, field)[: end - seq.prompt_length])
     seq.tokens = seq.tokens[:end]
@@ -905,15 +923,15 @@ def stop_at_strings(
   """A `stop_rule` that ends a completion at the first of `strings`.
 
   ``decode(ids) -> text`` is the tokenizer's decoder. The sequence keeps the
-  shortest prefix of its completion whose text contains a stop string (the
-  string included, as vLLM's ``include_stop_str_in_output``).
+  shortest prefix of its turn (`Sequence.turn`) whose text contains a stop
+  string (the string included, as vLLM's ``include_stop_str_in_output``).
   """
   strings = tuple(strings)
   if not strings or not all(isinstance(s, str) and s for s in strings):
     raise ValueError(f"strings must be non-empty strings; got {strings!r}.")
 
   def rule(seq: Sequence) -> Optional[int]:
-    completion = seq.completion
+    completion = seq.turn
     if not any(s in decode(completion) for s in strings):
       return None
     lo, hi = 1, len(completion)  # the shortest prefix that contains one

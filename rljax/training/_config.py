@@ -45,13 +45,24 @@ class TaskSpec:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerSpec:
-  """Rollout settings (see `rljax.sampling.generate`)."""
+  """Rollout settings (see `rljax.sampling.Engine`).
+
+  ``engine="continuous"`` samples with the continuous-batching engine:
+  ``slots`` decode rows (default: every sample of a step at once; fewer
+  slots than samples refill as sequences finish), ``page_size`` tokens per
+  KV page, ``segment`` decode steps between scheduling points.
+  ``engine="static"`` is the one-program sampler (`rljax.sampling.generate`).
+  """
 
   num_samples: int = 8
   max_new_tokens: int = 8
   temperature: float = 1.0
   top_k: Optional[int] = None
   top_p: Optional[float] = None
+  engine: str = "continuous"
+  slots: Optional[int] = None
+  page_size: int = 16
+  segment: int = 16
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,6 +61,7 @@ def sample_and_score(
   mesh=None,
   global_rows: Optional[int] = None,
   prompt_ids: Optional[Sequence[int]] = None,
+  engine: Optional[sampling.Engine] = None,
   **sampler_kwargs,
 ) -> Scored:
   """Sample G completions per example and score them with the task.
@@ -68,22 +69,34 @@ def sample_and_score(
   With a `mesh`, `examples` are this process's rows of a global batch of
   `global_rows` prompts: sampling runs on the global batch, sharded over
   the mesh's batch axes, and the returned rollout holds this process's rows
-  (as numpy), which it decodes and scores.
+  (as numpy), which it decodes and scores. With an `engine` the
+  continuous-batching engine samples (its own top-k / top-p / greedy
+  settings; `sampler_kwargs` give max_new_tokens, num_samples and
+  temperature), else `rljax.sampling.generate`.
   """
   prompts = [task.format_prompt(e) for e in examples]
   tokens, mask = encode_prompts(tokenizer, prompts, prompt_width, chat=chat)
   if mesh is not None:
     tokens, mask = _hosts.to_global((tokens, mask), mesh, global_rows)
-  rollout = sampling.generate(
-    model,
-    tokens,
-    mask,
-    key=key,
-    stop_ids=tokenizer.stop_ids,
-    **sampler_kwargs,
-  )
-  if mesh is not None:
-    rollout = _hosts.to_local(rollout, mesh)
+  if engine is not None:
+    rollout = sampling.rollout(
+      engine, model, tokens, mask, key=key, **sampler_kwargs
+    )
+    engine.close()
+    if mesh is not None:  # every process holds the whole batch
+      rows = _hosts.own_rows(mesh, rollout.tokens_PGT.shape[0])
+      rollout = jax.tree.map(lambda x: np.asarray(x)[rows], rollout)
+  else:
+    rollout = sampling.generate(
+      model,
+      tokens,
+      mask,
+      key=key,
+      stop_ids=tokenizer.stop_ids,
+      **sampler_kwargs,
+    )
+    if mesh is not None:
+      rollout = _hosts.to_local(rollout, mesh)
   p, g, t = rollout.tokens_PGT.shape
   tokens_NT = np.asarray(rollout.tokens_PGT).reshape(p * g, t)
   mask_NT = np.asarray(rollout.mask_PGT).reshape(p * g, t)

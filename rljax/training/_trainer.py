@@ -45,6 +45,7 @@ import numpy as np
 from rljax import algorithms
 from rljax import checkpointing
 from rljax import monitoring
+from rljax import sampling
 from rljax import sharding
 from rljax import tasks
 from rljax._src.base import Algorithm
@@ -119,6 +120,13 @@ def _check_sizes(config: RunConfig, mesh) -> None:
     sharding.check_batch("train.prompts_per_step", p, mesh)
   except ValueError as e:  # the message names the field and the fix
     raise UserError(str(e)) from e
+  slots = config.sampler.slots
+  shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  if slots is not None and slots % shards:
+    raise UserError(
+      f"sampler.slots={slots} must be a multiple of the mesh's batch"
+      f" shards ({shards}, data x fsdp); use {-(-slots // shards) * shards}."
+    )
 
 
 def _mesh(sizes):
@@ -236,6 +244,7 @@ class Trainer:
     self.directory = pathlib.Path(c.output.directory)
     self._writer = jax.process_index() == 0  # logs, rollouts, plots
     self.annotate = annotate
+    self._engines = {}
     with self._locked():
       self._build(resume, algorithm, task, rewards, teacher)
 
@@ -491,9 +500,38 @@ class Trainer:
     """The current policy as an `nnx` module (for sampling, evaluation)."""
     return nnx.merge(self.models.policy, self.state.policy.params)
 
+  def _engine(self, greedy=False, top_k=None, top_p=None):
+    """The continuous-batching engine for these sampling settings (made
+    once; its KV pool is dropped after each rollout)."""
+    key = (greedy, top_k, top_p)
+    if key not in self._engines:
+      s = self.config.sampler
+      rows = self.config.train.prompts_per_step * s.num_samples
+      self._engines[key] = _from_config(
+        "sampler",
+        sampling.Engine,
+        self.policy().config,
+        slots=s.slots or rows,
+        page_size=s.page_size,
+        segment=s.segment,
+        max_length=self.config.task.max_prompt_tokens + s.max_new_tokens,
+        top_k=top_k,
+        top_p=top_p,
+        greedy=greedy,
+        stop_ids=self.tokenizer.stop_ids,
+        mesh=self.mesh,
+      )
+    return self._engines[key]
+
   def _sample(self, examples, key, *, global_rows=None, **sampler_kwargs):
     """Sample and score this process's `examples` (rows of a global batch
     of `global_rows` prompts, ``train.prompts_per_step`` by default)."""
+    if self.config.sampler.engine == "continuous":
+      sampler_kwargs["engine"] = self._engine(
+        sampler_kwargs.pop("greedy", False),
+        sampler_kwargs.pop("top_k", None),
+        sampler_kwargs.pop("top_p", None),
+      )
     return _rollout.sample_and_score(
       self.policy(),
       self.tokenizer,

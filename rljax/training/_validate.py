@@ -18,6 +18,7 @@ _SOURCES = "'scratch', 'smollm2', 'gguf:<path>' or 'hf:<directory>'"
 _DTYPES = ("float32", "bfloat16", "float16")
 _SCHEDULES = ("auto", "dense", "chunked", "pallas_tpu", "pallas_gpu")
 _NONFINITE = ("stop", "skip")
+_ENGINES = ("continuous", "static")
 
 
 def _fail(field: str, value: Any, need: str, fix: str = "") -> None:
@@ -118,6 +119,12 @@ def _sampler(s) -> None:
     _int("sampler.top_k", s.top_k, 1, "Use None to sample from every token.")
   if s.top_p is not None:
     _in("sampler.top_p", s.top_p, 0.0, 1.0, "]")
+  if s.engine not in _ENGINES:
+    _fail("sampler.engine", s.engine, f"must be one of {_ENGINES}")
+  if s.slots is not None:
+    _int("sampler.slots", s.slots, 1, "Use None for one slot per sample.")
+  _int("sampler.page_size", s.page_size, 1)
+  _int("sampler.segment", s.segment, 1)
 
 
 def _algorithm(a) -> None:

@@ -19,7 +19,7 @@ def _scored(reward_mean, offset, p=2, g=2, t=3):
     metrics={"reward/correct": reward_mean},
   )
   return Scored(
-    Rollout(*fields),
+    Rollout(*fields, full_logp_PGT=np.full((p, g, t), offset)),
     [{"i": offset + i} for i in range(p)],
     [f"p{offset + i}" for i in range(p)],
     [f"c{offset + n}" for n in range(p * g)],

@@ -1,0 +1,366 @@
+"""The rollout engine against the static sampler, transformers, teacher-
+forced log-probs and numpy: continuous batching, paging, extend, fork."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from rljax import models
+from rljax import sampling
+
+# Three prompts of lengths 3, 5 and 1, left-padded to S = 5.
+PROMPTS = np.array([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5], [0, 0, 0, 0, 9]])
+MASK = (np.arange(5)[None, :] >= np.array([2, 0, 4])[:, None]).astype(np.int32)
+T = 12
+
+
+def _engine(model, **kwargs):
+  kwargs = {"slots": 2, "page_size": 4, "segment": 4, "max_length": 48} | kwargs
+  return sampling.Engine(model.config, **kwargs)
+
+
+def _teacher_forced(model, tokens, temperature=1.0):
+  """numpy log-probs of tokens[1:] given their prefix (one row)."""
+  logp, _ = jax.jit(
+    lambda t: models.token_logprobs(
+      model, t[None], temperature=temperature, schedule="dense"
+    )
+  )(jnp.asarray(tokens, jnp.int32))
+  return np.asarray(logp[0, 1:])
+
+
+def test_greedy_equals_static_sampler_and_transformers(hf_model, model):
+  # Two slots for six sequences of up to 17 tokens (5 pages each): slots
+  # refill mid-run and the pool (7 pages of 4 tokens) runs short, so
+  # sequences are preempted.
+  stop = (17,)
+  static = sampling.generate(
+    model,
+    PROMPTS,
+    MASK,
+    key=jax.random.key(0),
+    max_new_tokens=T,
+    num_samples=2,
+    greedy=True,
+    stop_ids=stop,
+  )
+  engine = _engine(
+    model, greedy=True, stop_ids=stop, num_pages=8, max_length=20
+  )
+  out = sampling.rollout(
+    engine,
+    model,
+    PROMPTS,
+    MASK,
+    key=jax.random.key(0),
+    max_new_tokens=T,
+    num_samples=2,
+  )
+  for field in ("tokens_PGT", "mask_PGT", "truncated_PG", "prompt_mask_PGS"):
+    np.testing.assert_array_equal(getattr(out, field), getattr(static, field))
+  for field in ("logp_PGT", "full_logp_PGT"):
+    np.testing.assert_allclose(
+      getattr(out, field), getattr(static, field), atol=1e-5
+    )
+  assert engine.stats["preempted"] > 0
+  assert engine.pages_in_use() == 0  # everything released
+  hf = (
+    hf_model[0]
+    .generate(
+      torch.tensor(PROMPTS),
+      attention_mask=torch.tensor(MASK),
+      max_new_tokens=T,
+      do_sample=False,
+      eos_token_id=list(stop),
+      pad_token_id=0,
+    )[:, PROMPTS.shape[1] :]
+    .numpy()
+  )
+  hf = np.pad(hf, ((0, 0), (0, T - hf.shape[1])))
+  np.testing.assert_array_equal(out.tokens_PGT[:, 0], hf)
+
+
+def test_no_decode_step_is_spent_on_finished_rows(model):
+  # Lengths 1..8 via per-sequence budgets: continuous batching decodes
+  # about sum(lengths) / slots steps; a static batch would run 8 x 2.
+  engine = _engine(model, slots=4, segment=2, refill=1)
+  key = jax.random.key(1)
+  budgets = [1, 8, 1, 1, 2, 1, 1, 1]
+  for i, b in enumerate(budgets):
+    engine.add([5, 6], key=jax.random.fold_in(key, i), max_new_tokens=b)
+  done = engine.run(model)
+  assert [len(s.completion) for s in done] == budgets
+  assert engine.stats["decode_steps"] <= 9  # the longest runs alone after
+
+
+def test_sampled_rollout_is_deterministic_and_independent_of_slots(model):
+  def run(**kwargs):
+    engine = _engine(model, top_k=20, **kwargs)
+    return sampling.rollout(
+      engine,
+      model,
+      PROMPTS,
+      MASK,
+      key=jax.random.key(3),
+      max_new_tokens=T,
+      num_samples=3,
+      temperature=0.8,
+    )
+
+  a, b = run(), run(slots=6, page_size=8, segment=5)
+  np.testing.assert_array_equal(a.tokens_PGT, b.tokens_PGT)
+  np.testing.assert_allclose(a.logp_PGT, b.logp_PGT, atol=1e-5)
+  assert len({tuple(r) for r in a.tokens_PGT.reshape(9, T)}) > 3
+  other = sampling.rollout(
+    _engine(model, top_k=20),
+    model,
+    PROMPTS,
+    MASK,
+    key=jax.random.key(4),
+    max_new_tokens=T,
+    num_samples=3,
+    temperature=0.8,
+  )
+  assert not np.array_equal(a.tokens_PGT, other.tokens_PGT)
+
+
+def _processed_logp(model, tokens, start, temperature, top_k):
+  """numpy: log-probs of tokens[start:] under temperature then top-k."""
+  logits, _ = jax.jit(lambda t: model(t[None]))(jnp.asarray(tokens))
+  z = np.asarray(logits[0], np.float64)[start - 1 : -1] / temperature
+  kth = np.sort(z, axis=-1)[:, -top_k][:, None]
+  z = np.where(z < kth, -np.inf, z)
+  z = z - z.max(-1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  return logp[np.arange(len(z)), tokens[start:]]
+
+
+def test_logp_equals_teacher_forced_under_both_conventions(model):
+  engine = _engine(model, top_k=5)
+  [seq] = engine.add(
+    [5, 6, 7], key=jax.random.key(2), max_new_tokens=10, temperature=0.7
+  )
+  engine.run(model)
+  start = seq.prompt_length
+  full = _teacher_forced(model, seq.tokens, 0.7)[start - 1 :]
+  np.testing.assert_allclose(seq.full_logp, full, atol=1e-4)
+  processed = _processed_logp(model, np.asarray(seq.tokens), start, 0.7, 5)
+  np.testing.assert_allclose(seq.logp, processed, atol=1e-4)
+  assert np.all(np.asarray(seq.logp) >= np.asarray(seq.full_logp) - 1e-6)
+  assert seq.temperature == [pytest.approx(0.7)] * 10
+
+
+def test_samples_follow_the_processed_distribution(hf_model, model):
+  engine = _engine(model, slots=8, top_k=4, max_length=16)
+  n = 4000
+  seqs = engine.add(
+    [3, 3, 3], key=jax.random.key(5), max_new_tokens=1, num_samples=n
+  )
+  engine.run(model)
+  counts = np.bincount([s.completion[0] for s in seqs], minlength=64)
+  with torch.no_grad():
+    logits = hf_model[0](torch.tensor([[3, 3, 3]])).logits[0, -1].numpy()
+  z = logits.astype(np.float64)
+  z = np.where(z < np.sort(z)[-4], -np.inf, z)
+  p = np.exp(z - z.max())
+  p /= p.sum()
+  kept = p > 0
+  assert counts[~kept].sum() == 0
+  chi2 = np.sum((counts[kept] - n * p[kept]) ** 2 / (n * p[kept]))
+  dof = kept.sum() - 1
+  critical = dof * (1 - 2 / (9 * dof) + 5 * np.sqrt(2 / (9 * dof))) ** 3
+  assert chi2 < critical
+  raw = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+  assert np.sum((counts - n * raw) ** 2 / (n * raw)) > 10 * critical
+
+
+def test_extend_equals_decoding_in_one_go(model):
+  key = jax.random.key(6)
+  whole = _engine(model)
+  [one] = whole.add([5, 6, 7], key=key, max_new_tokens=14, temperature=0.9)
+  whole.run(model)
+  parts = _engine(model)
+  [seq] = parts.add(
+    [5, 6, 7], key=key, max_new_tokens=5, temperature=0.9, keep=True
+  )
+  parts.run(model)
+  assert seq.stop_reason == sampling.REASONS.index("length")
+  parts.extend(seq, [], max_new_tokens=9)
+  parts.run(model)
+  assert seq.tokens == one.tokens
+  np.testing.assert_allclose(seq.logp, one.logp, atol=1e-5)
+  # Appended tokens (a tool's output) are prefilled, not sampled; greedy
+  # decoding then continues as from a fresh prompt of the whole text.
+  greedy = _engine(model, greedy=True)
+  [seq] = greedy.add([5, 6, 7], key=key, max_new_tokens=4, keep=True)
+  greedy.run(model)
+  greedy.extend(seq, [9, 10, 11], max_new_tokens=6)
+  greedy.run(model)
+  assert seq.sampled == [1] * 4 + [0] * 3 + [1] * 6
+  assert seq.logp[4:7] == [0.0] * 3
+  fresh = _engine(model, greedy=True)
+  [ref] = fresh.add(seq.tokens[:10], key=key, max_new_tokens=6)
+  fresh.run(model)
+  assert seq.tokens == ref.tokens
+  np.testing.assert_allclose(seq.logp[7:], ref.logp, atol=1e-5)
+
+
+def test_fork_children_share_the_prefix_and_match_teacher_forcing(model):
+  engine = _engine(model, slots=4, page_size=4, num_pages=20)
+  [seq] = engine.add(
+    [5, 6, 7, 8, 9], key=jax.random.key(7), max_new_tokens=4, keep=True
+  )
+  engine.run(model)
+  prefix = list(seq.tokens)
+  held = engine.pages_in_use()
+  children = engine.fork(seq, 3, max_new_tokens=6)
+  engine.run(model)
+  for child in children:
+    assert child.tokens[: len(prefix)] == prefix
+    assert len(child.completion) == 4 + 6
+    tf = _teacher_forced(model, child.tokens)[len(prefix) - 1 :]
+    np.testing.assert_allclose(child.full_logp[4:], tf, atol=1e-4)
+  assert len({tuple(c.tokens) for c in children}) > 1
+  assert engine.pages_in_use() == held  # the children's pages are freed
+  # The parent is intact: it continues as if it had never forked.
+  engine.extend(seq, [], max_new_tokens=3)
+  engine.run(model)
+  tf = _teacher_forced(model, seq.tokens)[len(prefix) - 1 :]
+  np.testing.assert_allclose(seq.full_logp[4:], tf, atol=1e-4)
+  engine.release(seq)
+  assert engine.pages_in_use() == 0
+  # Greedy children of one prefix are identical to each other.
+  greedy = _engine(model, slots=4, greedy=True)
+  [g] = greedy.add(
+    [5, 6, 7], key=jax.random.key(0), max_new_tokens=2, keep=True
+  )
+  greedy.run(model)
+  kids = greedy.fork(g, 3, max_new_tokens=5)
+  greedy.run(model)
+  assert kids[0].tokens == kids[1].tokens == kids[2].tokens
+
+
+def test_prompt_pages_are_shared_by_its_samples(model):
+  # 9 tokens = 2 full pages of 4 + 1: eight samples hold 2 shared pages and
+  # one copied page each, and the parent's pages are freed after forking.
+  engine = _engine(model, slots=8, page_size=4, segment=1, max_length=16)
+  engine.add(
+    list(range(1, 10)),
+    key=jax.random.key(0),
+    max_new_tokens=3,
+    num_samples=8,
+  )
+  engine._ensure_pool()
+  engine._admit(*nnx.split(model))
+  engine._reserve()
+  assert engine.pages_in_use() == 2 + 8
+  engine.run(model)
+  assert engine.pages_in_use() == 0
+
+
+def test_pause_rule_and_stop_rule(model):
+  # Pause where the sampled token is unlikely (a branch point).
+  engine = _engine(model, pause=lambda info: info.full_logp < -2.0, slots=4)
+  seqs = engine.add(
+    [5, 6, 7],
+    key=jax.random.key(8),
+    max_new_tokens=T,
+    num_samples=4,
+    keep=True,
+  )
+  engine.run(model)
+  paused = [s for s in seqs if s.stop_reason == sampling.REASONS.index("pause")]
+  assert paused
+  for s in paused:
+    assert s.full_logp[-1] < -2.0 and all(x >= -2.0 for x in s.full_logp[:-1])
+  # Stop strings: letters a.. for ids; stop at the first "c" or "dd".
+  decode = lambda ids: "".join(chr(97 + i % 26) for i in ids)  # noqa: E731
+  rule = sampling.stop_at_strings(decode, ["c", "dd"])
+  stopper = _engine(model, stop_rule=rule, slots=4)
+  seqs = stopper.add(
+    [5, 6, 7], key=jax.random.key(9), max_new_tokens=T, num_samples=8
+  )
+  stopper.run(model)
+  for s in seqs:
+    text = decode(s.completion)
+    if s.stop_reason == sampling.REASONS.index("stop_rule"):
+      assert text.endswith("c") or text.endswith("dd")
+      assert "c" not in text[:-1] and "dd" not in text[:-1]
+      assert len(s.logp) == len(s.completion)
+    else:
+      assert "c" not in text and "dd" not in text
+  assert any(s.stop_reason == sampling.REASONS.index("stop_rule") for s in seqs)
+
+
+def test_per_token_temperature(model):
+  # A temperature that rises with the step: each token's log-probs use it.
+  engine = _engine(
+    model, temperature_fn=lambda logits, t, steps: t * (1.0 + 0.5 * steps)
+  )
+  [seq] = engine.add([5, 6], key=jax.random.key(1), max_new_tokens=4)
+  engine.run(model)
+  np.testing.assert_allclose(seq.temperature, [1.0, 1.5, 2.0, 2.5])
+  for i, temp in enumerate(seq.temperature):
+    tf = _teacher_forced(model, seq.tokens[: 3 + i], temp)[-1]
+    np.testing.assert_allclose(seq.full_logp[i], tf, atol=1e-4)
+
+
+def test_sharded_engine_equals_one_device(model):
+  from rljax import sharding
+
+  mesh = sharding.make_mesh(4, 1, 2)
+  model_sharded = sharding.shard_model(model, mesh)
+  kwargs = dict(
+    key=jax.random.key(3), max_new_tokens=T, num_samples=2, temperature=0.8
+  )
+  one = sampling.rollout(
+    _engine(model, slots=4), model, PROMPTS, MASK, **kwargs
+  )
+  many = sampling.rollout(
+    _engine(model, slots=8, mesh=mesh),
+    model_sharded,
+    PROMPTS,
+    MASK,
+    **kwargs,
+  )
+  np.testing.assert_array_equal(one.tokens_PGT, many.tokens_PGT)
+  np.testing.assert_allclose(one.logp_PGT, many.logp_PGT, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    (dict(slots=3, mesh="mesh"), "multiple of the mesh"),
+    (dict(max_length=1000), "max_position_embeddings"),
+    (dict(num_pages=3), "num_pages"),
+    (dict(stop_ids=(64,)), "stop_ids"),
+    (dict(top_p=1.5), "top_p"),
+  ],
+)
+def test_bad_engine_settings_raise(model, kwargs, match):
+  from rljax import sharding
+
+  if kwargs.get("mesh") == "mesh":
+    kwargs["mesh"] = sharding.make_mesh(2, 1, 4)
+  with pytest.raises(ValueError, match=match):
+    _engine(model, **kwargs)
+
+
+def test_bad_requests_raise(model):
+  engine = _engine(model)
+  key = jax.random.key(0)
+  with pytest.raises(ValueError, match="empty"):
+    engine.add([], key=key, max_new_tokens=2)
+  with pytest.raises(ValueError, match="token ids"):
+    engine.add([64], key=key, max_new_tokens=2)
+  with pytest.raises(ValueError, match="max_length"):
+    engine.add([1] * 48, key=key, max_new_tokens=2)
+  [seq] = engine.add([1, 2], key=key, max_new_tokens=2)
+  with pytest.raises(ValueError, match="stopped and was kept"):
+    engine.fork(seq, 2, max_new_tokens=2)
+  engine.run(model)
+  with pytest.raises(ValueError, match="stopped and was kept"):
+    engine.extend(seq, [3], max_new_tokens=2)
