@@ -18,6 +18,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
+import numpy as np
 
 from rljax.models._config import ModelConfig
 
@@ -180,17 +181,30 @@ class Layers(nnx.Module):
 
 
 def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
-  """Grouped-query attention; softmax in float32."""
+  """Grouped-query attention; softmax in float32.
+
+  Keys and values may come in parts (a tuple, e.g. a paged cache's view
+  and the new tokens): one softmax over all parts, without concatenating
+  them.
+  """
+  ks = k_BTNK if isinstance(k_BTNK, tuple) else (k_BTNK,)
+  vs = v_BTNK if isinstance(v_BTNK, tuple) else (v_BTNK,)
   b, s, h, k = q_BSHK.shape
-  n = k_BTNK.shape[2]
+  n = ks[0].shape[2]
   q = q_BSHK.reshape(b, s, n, h // n, k)
-  scores = jnp.einsum("bsngk,btnk->bngst", q, k_BTNK).astype(jnp.float32)
+  scores = jnp.concatenate(
+    [jnp.einsum("bsngk,btnk->bngst", q, part) for part in ks], axis=-1
+  ).astype(jnp.float32)
   scores = scores / math.sqrt(k)
   scores = jnp.where(
     allowed_BST[:, None, None], scores, jnp.finfo(jnp.float32).min
   )
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BTNK.dtype)
-  out = jnp.einsum("bngst,btnk->bsngk", probs, v_BTNK)
+  probs = jax.nn.softmax(scores, axis=-1).astype(vs[0].dtype)
+  bounds = np.cumsum([0] + [part.shape[1] for part in vs])
+  out = sum(
+    jnp.einsum("bngst,btnk->bsngk", probs[..., lo:hi], part)
+    for lo, hi, part in zip(bounds[:-1], bounds[1:], vs)
+  )
   return out.reshape(b, s, h, k)
 
 
@@ -208,51 +222,61 @@ def _dense_io(slots):
     )
     k = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
     v = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
-    return k, v, k_all, v_all
+    return k, v, k_all, v_all, None
 
   return io
 
 
-def _paged_io(page_BS, offset_BS, pages_BM):
-  """Scatter new keys / values into their pages, then gather each row's
-  pages into a logical [B, M * page_size, N, K] view.
+def _shard_ids(rows: int, d: int) -> jax.Array:
+  """[rows, 1] the pool shard of each row: rows ``[d B/D, (d + 1) B/D)``
+  use shard d. An iota, so XLA's partitioner sees the shard axis as
+  parallel and each device touches its own pages."""
+  return (jnp.arange(rows) // (rows // d))[:, None]
 
-  The pool has a shard axis D: rows ``[d B/D, (d + 1) B/D)`` use shard d's
-  pages. The per-shard gathers and scatters are batched (`jax.vmap`), so
-  with D split over the mesh's batch axes each device touches its own
-  pages only.
+
+def _paged_io(pages_BM):
+  """Read each row's cached keys / values from its pages as a logical
+  [B, M * page_size, N, K] view and put the new ones after it; the new ones
+  are returned to be written into the pages after the last layer.
+
+  Reading before writing keeps the pool read-only inside the layer scan.
+  Gathers and scatters index the shard, page and offset axes directly
+  (a `jax.vmap` over the shard axis made XLA copy the whole pool at every
+  write on CPU).
   """
 
   def io(i, k_all, v_all, k, v):
-    d = k_all.shape[1]
-
-    def shards(x):
-      return x.reshape(d, x.shape[0] // d, *x.shape[1:])
-
-    def write(x_all, x):
-      return jax.vmap(
-        lambda pool, p, o, new: pool.at[i, p, o].set(new),
-        in_axes=(1, 0, 0, 0),
-        out_axes=1,
-      )(
-        x_all, shards(page_BS), shards(offset_BS), shards(x.astype(x_all.dtype))
-      )
+    shard = _shard_ids(pages_BM.shape[0], k_all.shape[1])
 
     def read(x_all):
-      x = jax.vmap(lambda pool, p: pool[i][p], in_axes=(1, 0))(
-        x_all, shards(pages_BM)
-      )  # [D, B/D, M, page_size, N, K]
-      return x.reshape(-1, x.shape[2] * x.shape[3], *x.shape[4:])
+      x = x_all.at[i, shard, pages_BM].get(mode="promise_in_bounds")
+      return x.reshape(x.shape[0], -1, *x.shape[3:])  # [B, M * size, N, K]
 
-    k_all, v_all = write(k_all, k), write(v_all, v)
-    return read(k_all), read(v_all), k_all, v_all
+    new = (k.astype(k_all.dtype), v.astype(v_all.dtype))
+    return (read(k_all), new[0]), (read(v_all), new[1]), k_all, v_all, new
 
   return io
+
+
+def _write_pages(pool, new_LBSNK, page_BS, offset_BS):
+  """Scatter every layer's new keys (or values) into their pages, in place."""
+  shard = _shard_ids(page_BS.shape[0], pool.shape[1])
+  return pool.at[:, shard, page_BS, offset_BS].set(
+    new_LBSNK, mode="promise_in_bounds"
+  )
+
+
+def _cast(x, dtype):
+  """An array, or a tuple of parts (`_attention`), cast to `dtype`."""
+  if isinstance(x, tuple):
+    return tuple(part.astype(dtype) for part in x)
+  return x.astype(dtype)
 
 
 def _layer(config, w, x, positions, inv_freq, kv, io, allowed):
   """One decoder layer; `kv` is (layer index, all layers' k, v) or None,
-  and `io` writes this layer's new keys / values and reads them back."""
+  and `io` stores this layer's new keys / values (or returns them, as
+  `new`, to be stored later) and gives back the keys / values to attend."""
   c, dt = config, x.dtype
   h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
   q = jnp.einsum("bsd,dhk->bshk", h, w["q_proj"].astype(dt))
@@ -268,13 +292,15 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed):
     k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
   q = apply_rope(q, positions, inv_freq)
   k = apply_rope(k, positions, inv_freq)
+  new = None
   if kv is not None:
-    # Write this layer's new slots into the whole [L, ...] cache, in place,
-    # then read the layer back: as a loop carry XLA updates the buffer
-    # without copying it (as scan xs/ys it copied every layer every step).
-    k, v, k_all, v_all = io(*kv, k, v)
+    # Dense: write this layer's new slots into the whole [L, ...] cache, in
+    # place, then read the layer back: as a loop carry XLA updates the
+    # buffer without copying it (as scan xs/ys it copied every layer every
+    # step).
+    k, v, k_all, v_all, new = io(*kv, k, v)
     kv = (k_all, v_all)
-  attn = _attention(q, k.astype(dt), v.astype(dt), allowed)
+  attn = _attention(q, _cast(k, dt), _cast(v, dt), allowed)
   x = x + jnp.einsum("bshk,hkd->bsd", attn, w["o_proj"].astype(dt))
   h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
   gate = jnp.einsum("bsd,df->bsf", h, w["gate_proj"].astype(dt))
@@ -282,7 +308,7 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed):
   x = x + jnp.einsum(
     "bsf,fd->bsd", jax.nn.silu(gate) * up, w["down_proj"].astype(dt)
   )
-  return x, kv
+  return x, kv, new
 
 
 def _check_auto_mesh(tokens: jax.Array) -> None:
@@ -359,9 +385,15 @@ class Transformer(nnx.Module):
       page_BS = jnp.where(
         mask > 0, jnp.take_along_axis(cache.pages_BM, block, axis=1), 0
       )
-      io = _paged_io(page_BS, slot_BS % size, cache.pages_BM)
+      io = _paged_io(cache.pages_BM)
+      # Cached keys before the row's length, then the new ones causally.
       key_slots = jnp.arange(cache.pages_BM.shape[1] * size)
-      allowed = key_slots[None, None, :] <= slot_BS[:, :, None]
+      cached = key_slots[None, None, :] < cache.lengths_B[:, None, None]
+      causal = jnp.arange(s)[None, :] <= jnp.arange(s)[:, None]
+      fresh = causal[None] & (mask[:, None, :] > 0)
+      allowed = jnp.concatenate(
+        [jnp.broadcast_to(cached, (b, s, key_slots.size)), fresh], axis=-1
+      )
     elif cache is None:
       key_mask, query_slots, key_slots = mask, jnp.arange(s), jnp.arange(s)
     else:
@@ -386,18 +418,22 @@ class Transformer(nnx.Module):
       x, kvs = carry
       w, i = xs
       kv = None if kvs is None else (i, *kvs)
-      x, kvs = _layer(c, w, x, positions, inv_freq, kv, io, allowed)
-      return (x, kvs), None
+      x, kvs, new = _layer(c, w, x, positions, inv_freq, kv, io, allowed)
+      return (x, kvs), new
 
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
-    (x, kvs), _ = jax.lax.scan(
+    (x, kvs), new = jax.lax.scan(
       body, (x, kvs), (weights, layer_ids), unroll=c.scan_unroll
     )
     x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     if paged:
+      offset_BS = slot_BS % size
+      k_all, v_all = (
+        _write_pages(pool, n, page_BS, offset_BS) for pool, n in zip(kvs, new)
+      )
       lengths = cache.lengths_B + jnp.sum(mask, axis=1)
-      cache = PagedCache(kvs[0], kvs[1], cache.pages_BM, lengths)
+      cache = PagedCache(k_all, v_all, cache.pages_BM, lengths)
     elif cache is not None:
       cache = KVCache(kvs[0], kvs[1], key_mask)
     return x, cache

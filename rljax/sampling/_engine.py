@@ -291,15 +291,23 @@ def _extend_program(graphdef, shards: int):
   return run
 
 
-def _copy_pages(k, v, src_D, dst_D):
-  """Copy page src[d] to dst[d] in every shard d (fork's last page)."""
+def _copy_pages(k, v, src_DN, dst_DN):
+  """Copy pages src[d, i] to dst[d, i] in every shard d (forks' last
+  pages; sources are never destinations)."""
+  shard = jnp.arange(src_DN.shape[0])[:, None]
 
   def copy(pool):
-    return jax.vmap(
-      lambda p, a, b: p.at[:, b].set(p[:, a]), in_axes=(1, 0, 0), out_axes=1
-    )(pool, src_D, dst_D)
+    return pool.at[:, shard, dst_DN].set(pool[:, shard, src_DN])
 
   return copy(k), copy(v)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _fold_keys(key_data, start, n: int):
+  """Key data of fold_in(key, start + j) for j < n (one dispatch)."""
+  key = jax.random.wrap_key_data(key_data)
+  folded = jax.vmap(lambda j: jax.random.fold_in(key, j))(start + jnp.arange(n))
+  return jax.random.key_data(folded)
 
 
 def _bucket(n: int, least: int) -> int:
@@ -419,6 +427,7 @@ class Engine:
     )
     self.refill = int(refill or max(1, per_shard // 4))
     self._pool = None  # (k, v), made on the first run
+    self._maker = self._copier = None  # jitted pool maker and page copier
     self._free = [list(range(self.num_pages - 1, 0, -1))] * self.shards
     self._free = [list(f) for f in self._free]
     self._refs = np.zeros((self.shards, self.num_pages), np.int64)
@@ -448,7 +457,8 @@ class Engine:
   ) -> list[Sequence]:
     """Queue `num_samples` samples of `prompt` (which share its cache).
 
-    Sample j draws with ``fold_in(key, j)``. Returns the samples; they fill
+    Sample j draws with ``fold_in(key, j)`` (`key` may also be a key's
+    uint32 data, `jax.random.key_data`). Returns the samples; they fill
     in as `run` decodes them.
     """
     prompt = [int(t) for t in prompt]
@@ -471,7 +481,10 @@ class Engine:
       )
     if shard is None:  # balance shards by queued work
       shard = self._uid % self.shards
-    data = np.asarray(jax.random.key_data(key), np.uint32)
+    data = np.asarray(
+      key if isinstance(key, np.ndarray) else jax.random.key_data(key),
+      np.uint32,
+    )
     parent = self._new(
       prompt_length=len(prompt),
       tokens=prompt,
@@ -486,21 +499,18 @@ class Engine:
       released=True,  # freed once its samples have forked
     )
     temp = 1.0 if self.settings.greedy else float(temperature)
-    children = [
-      self._child(parent, max_new_tokens, temp, keep)
-      for _ in range(num_samples)
-    ]
-    return children
+    return self._children(parent, num_samples, max_new_tokens, temp, keep)
 
-  def _child(self, parent, max_new_tokens, temperature, keep) -> Sequence:
-    j = parent.forks
-    parent.forks += 1
-    key = np.asarray(
-      jax.random.key_data(
-        jax.random.fold_in(jax.random.wrap_key_data(parent.key), j)
-      ),
-      np.uint32,
-    )
+  def _children(self, parent, n, max_new_tokens, temperature, keep) -> list:
+    """`n` queued forks of `parent`; fork j draws with fold_in(key, j)."""
+    keys = np.asarray(_fold_keys(parent.key, parent.forks, n), np.uint32)
+    parent.forks += n
+    return [
+      self._child(parent, key, max_new_tokens, temperature, keep)
+      for key in keys
+    ]
+
+  def _child(self, parent, key, max_new_tokens, temperature, keep):
     child = self._new(
       prompt_length=parent.prompt_length,
       tokens=list(parent.tokens),
@@ -535,7 +545,7 @@ class Engine:
     self._check_stopped(seq, "fork")
     checks.positive(n=n, max_new_tokens=max_new_tokens)
     temp = seq.base_temperature if temperature is None else float(temperature)
-    return [self._child(seq, max_new_tokens, temp, keep) for _ in range(n)]
+    return self._children(seq, n, max_new_tokens, temp, keep)
 
   def extend(
     self,
@@ -657,14 +667,16 @@ class Engine:
 
   def _ensure_pool(self) -> None:
     if self._pool is None:
-      make = functools.partial(
-        init_pages,
-        self.config,
-        self.num_pages,
-        self.page_size,
-        self.shards,
-      )
-      self._pool = jax.jit(make, out_shardings=self._pool_sharding())()
+      if self._maker is None:
+        make = functools.partial(
+          init_pages,
+          self.config,
+          self.num_pages,
+          self.page_size,
+          self.shards,
+        )
+        self._maker = jax.jit(make, out_shardings=self._pool_sharding())
+      self._pool = self._maker()
 
   def _table(self, seqs) -> np.ndarray:
     table = np.zeros((len(seqs), self.pages_per_row), np.int32)
@@ -711,14 +723,15 @@ class Engine:
       p = seq.parent
       if p is not None and p not in parents and _needs_prefill(p):
         parents.append(p)
-    admitted = []
+    admitted, copies = [], []
     self._prefill(graphdef, state, parents)
     for slot, seq in chosen:
       if seq.parent is not None and _needs_prefill(seq.parent):
         continue  # the pool was short: the parent waits
-      if seq.parent is not None and not self._fork_pages(seq):
+      if seq.parent is not None and not self._fork_pages(seq, copies):
         continue
       admitted.append((slot, seq))
+    self._copy(copies)
     ready = self._prefill(graphdef, state, [s for _, s in admitted])
     for slot, seq in admitted:
       if seq in ready:
@@ -727,8 +740,9 @@ class Engine:
         seq.admitted = self._admitted
         self._admitted += 1
 
-  def _fork_pages(self, child: Sequence) -> bool:
-    """Share the parent's full pages; copy its partly filled last page."""
+  def _fork_pages(self, child: Sequence, copies: list) -> bool:
+    """Share the parent's full pages; its partly filled last page is to be
+    copied (appended to `copies` as (shard, source, destination))."""
     parent = child.parent
     full, part = divmod(parent.cached, self.page_size)
     copy = self._alloc(child.shard, 1) if part else []
@@ -737,20 +751,32 @@ class Engine:
     shared = parent.pages[:full]
     self._refs[child.shard, shared] += 1
     if part:
-      src = np.zeros((self.shards,), np.int32)
-      dst = np.zeros((self.shards,), np.int32)
-      src[child.shard], dst[child.shard] = parent.pages[full], copy[0]
-      self._pool = jax.jit(
-        _copy_pages,
-        donate_argnums=(0, 1),
-        out_shardings=(self._pool_sharding(),) * 2,
-      )(*self._pool, src, dst)
+      copies.append((child.shard, parent.pages[full], copy[0]))
     child.pages = shared + copy
     child.cached = parent.cached
     child.parent = None
     parent.pending_children -= 1
     self._maybe_free(parent)
     return True
+
+  def _copy(self, copies: list) -> None:
+    """Run the page copies of an admission round in one program."""
+    if not copies:
+      return
+    per_shard = [[c for c in copies if c[0] == d] for d in range(self.shards)]
+    n = _bucket(max(len(c) for c in per_shard), 1)
+    src = np.zeros((self.shards, n), np.int32)  # padding copies 0 -> 0
+    dst = np.zeros((self.shards, n), np.int32)
+    for d, group in enumerate(per_shard):
+      for i, (_, a, b) in enumerate(group):
+        src[d, i], dst[d, i] = a, b
+    if self._copier is None:
+      self._copier = jax.jit(
+        _copy_pages,
+        donate_argnums=(0, 1),
+        out_shardings=(self._pool_sharding(),) * 2,
+      )
+    self._pool = self._copier(*self._pool, src, dst)
 
   def _prefill(self, graphdef, state, seqs) -> set:
     """Write every token but the last (pending) one of `seqs` into their
@@ -986,10 +1012,11 @@ def rollout(
     )
   p, width = tokens.shape
   g, t = int(num_samples), int(max_new_tokens)
+  keys = jax.random.wrap_key_data(_fold_keys(jax.random.key_data(key), 0, p))
   groups = [
     engine.add(
       row[m > 0],
-      key=jax.random.fold_in(key, i),
+      key=keys[i],
       max_new_tokens=t,
       num_samples=g,
       temperature=temperature,

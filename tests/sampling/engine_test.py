@@ -327,7 +327,8 @@ def test_sharded_engine_equals_one_device(model):
     **kwargs,
   )
   np.testing.assert_array_equal(one.tokens_PGT, many.tokens_PGT)
-  np.testing.assert_allclose(one.logp_PGT, many.logp_PGT, atol=1e-5)
+  # Tensor-parallel matmuls sum in another order.
+  np.testing.assert_allclose(one.logp_PGT, many.logp_PGT, atol=1e-4)
 
 
 @pytest.mark.parametrize(
