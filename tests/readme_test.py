@@ -47,6 +47,12 @@ def test_readme_model_example_runs():
     np.asarray(rollout.logp_PGT[0])[mask],
     atol=1e-4,
   )
+  # The engine example continues in the same scope.
+  engine_example = next(b for b in blocks if "sampling.Engine(" in b)
+  exec(engine_example, scope)  # noqa: S102
+  seqs, kids = scope["seqs"], scope["kids"]
+  assert 0 in seqs[0].sampled and len(kids) == 3
+  assert all(k.tokens[: len(seqs[1].tokens)] == seqs[1].tokens for k in kids)
 
 
 def test_readme_custom_reward_and_stateful_transform_run(tmp_path):

@@ -642,8 +642,8 @@ class Engine:
 
   # --- device programs --------------------------------------------------------
 
-  def _program(self, name, graphdef, make):
-    key = (name, graphdef)
+  def _program(self, name, graphdef, make, variant=None):
+    key = (name, graphdef, variant)
     if key not in self._programs:
       rep = None
       if self.mesh is not None:
@@ -696,8 +696,14 @@ class Engine:
     while self._waiting or any(s is not None for s in self._slots):
       self._admit(graphdef, state)
       self._reserve()
-      if any(s is not None for s in self._slots):
-        self._segment(graphdef, state)
+      if not any(s is not None for s in self._slots):
+        raise RuntimeError(
+          f"the page pool ({self.num_pages - 1} pages of {self.page_size}"
+          f" tokens per shard, {self.pages_in_use()} held by kept sequences)"
+          " cannot hold the next waiting sequence; release kept sequences or"
+          " raise num_pages."
+        )
+      self._segment(graphdef, state)
     return queued
 
   def _free_slots(self, shard: int) -> list[int]:
@@ -863,9 +869,29 @@ class Engine:
             "the page pool cannot hold one sequence; raise num_pages."
           )
 
+  def _rows(self) -> list[Optional[Sequence]]:
+    """The slots a segment decodes. While sequences wait, all of them (the
+    free ones refill); otherwise only the running ones, packed per shard
+    into a power-of-two count, so a long tail of a few sequences does not
+    pay for every slot."""
+    if self._waiting:
+      return self._slots
+    per = self.settings.slots // self.shards
+    shards = [
+      [s for s in self._slots[d * per : (d + 1) * per] if s is not None]
+      for d in range(self.shards)
+    ]
+    width = min(per, _bucket(max(len(x) for x in shards), 1))
+    return [
+      group[i] if i < len(group) else None
+      for group in shards
+      for i in range(width)
+    ]
+
   def _segment(self, graphdef, state) -> None:
-    s = self.settings
-    slots = self._slots
+    rows_seqs = self._rows()
+    s = self.settings._replace(slots=len(rows_seqs))
+    slots = rows_seqs
     b = s.slots
     rows = {
       "cached": np.zeros(b, np.int32),
@@ -889,7 +915,7 @@ class Engine:
       keys[i] = seq.key
     waiting = bool(self._waiting)
     program = self._program(
-      "segment", graphdef, lambda: _segment_program(graphdef, s)
+      "segment", graphdef, lambda: _segment_program(graphdef, s), b
     )
     k, v, out = program(
       state,
@@ -924,7 +950,7 @@ class Engine:
           reason = STOP_RULE
       if reason != RUNNING:
         seq.stop_reason = reason
-        slots[i] = None
+        self._slots[self._slots.index(seq)] = None
         if not seq.keep:
           seq.released = True
         self._maybe_free(seq)
@@ -991,14 +1017,17 @@ def rollout(
   *,
   key: jax.Array,
   max_new_tokens: int,
-  num_samples: int = 1,
+  num_samples: int | abc.Sequence[int] = 1,
   temperature: float = 1.0,
 ) -> Rollout:
   """`generate`'s `Rollout` from the engine: G samples of P prompts.
 
   Prompts come left-padded as for `generate`; the engine decodes them
   unpadded. Prompt p's sample g draws with ``fold_in(fold_in(key, p), g)``.
-  The result is numpy, the whole batch on every process.
+  `num_samples` may differ per prompt (a sequence of P counts >= 1): G is
+  their maximum, and a prompt's samples past its count are empty, with
+  ``sample_mask_PG`` 0. The result is numpy, the whole batch on every
+  process.
   """
   tokens = _host_rows(prompt_tokens_PS).astype(np.int32)
   mask = _host_rows(prompt_mask_PS).astype(np.int32)
@@ -1011,14 +1040,17 @@ def rollout(
       f" ({engine.max_length})."
     )
   p, width = tokens.shape
-  g, t = int(num_samples), int(max_new_tokens)
+  counts = np.broadcast_to(np.asarray(num_samples, np.int64), (p,))
+  if counts.min() < 1:
+    raise ValueError(f"num_samples must be >= 1 per prompt; got {counts}.")
+  g, t = int(counts.max()), int(max_new_tokens)
   keys = jax.random.wrap_key_data(_fold_keys(jax.random.key_data(key), 0, p))
   groups = [
     engine.add(
       row[m > 0],
       key=keys[i],
       max_new_tokens=t,
-      num_samples=g,
+      num_samples=int(counts[i]),
       temperature=temperature,
       shard=i * engine.shards // p,
     )
@@ -1049,4 +1081,5 @@ def rollout(
     truncated_PG=truncated,
     group_ids_PG=np.broadcast_to(np.arange(p, dtype=np.int32)[:, None], (p, g)),
     full_logp_PGT=out["full_logp"],
+    sample_mask_PG=(np.arange(g)[None] < counts[:, None]).astype(np.int32),
   )

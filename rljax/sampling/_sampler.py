@@ -47,6 +47,9 @@ class Rollout(NamedTuple):
   # log-prob under the full distribution at the sampling temperature (no
   # top-k / top-p): what the trainer's log-probs recompute.
   full_logp_PGT: jax.Array
+  # int32 1 on samples that exist: a prompt given fewer than G samples
+  # leaves the rest empty (mask 0) and invalid.
+  sample_mask_PG: jax.Array
 
 
 class _Settings(NamedTuple):
@@ -211,6 +214,7 @@ def _generate(graphdef, state, tokens_PS, mask_PS, key, s: _Settings, k):
     logp_PGT=groups(c.logp_BT),
     full_logp_PGT=groups(c.full_BT),
     truncated_PG=groups(~c.done_B),
+    sample_mask_PG=jnp.ones((p, g), jnp.int32),
     group_ids_PG=jnp.broadcast_to(
       jnp.arange(p, dtype=jnp.int32)[:, None], (p, g)
     ),

@@ -52,6 +52,8 @@ class SamplerSpec:
   slots than samples refill as sequences finish), ``page_size`` tokens per
   KV page, ``segment`` decode steps between scheduling points.
   ``engine="static"`` is the one-program sampler (`rljax.sampling.generate`).
+  ``prompts`` names the prompt sampler (`rljax.selection.get`; its
+  ``num_samples`` defaults to this spec's) with ``prompts_kwargs``.
   """
 
   num_samples: int = 8
@@ -63,6 +65,8 @@ class SamplerSpec:
   slots: Optional[int] = None
   page_size: int = 16
   segment: int = 16
+  prompts: str = "shuffled"  # a `rljax.selection` sampler
+  prompts_kwargs: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

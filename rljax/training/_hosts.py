@@ -140,3 +140,24 @@ def process_sum(values: Any) -> Any:
     return jax.tree.map(np.asarray, values)
   gathered = multihost_utils.process_allgather(jax.tree.map(np.asarray, values))
   return jax.tree.map(lambda x: np.asarray(x).sum(0), gathered)
+
+
+def gather_rows(tree: Any, mesh, rows: int) -> Any:
+  """Global [rows, ...] numpy arrays on every process from each process's
+  rows (`own_rows` order) of every leaf (a collective)."""
+  mine = own_rows(mesh, rows)
+  if jax.process_count() == 1:
+    return jax.tree.map(lambda x: np.asarray(x)[np.argsort(mine)], tree)
+  gathered = multihost_utils.process_allgather(
+    (mine, jax.tree.map(np.asarray, tree))
+  )
+  index = np.asarray(gathered[0]).reshape(-1)
+
+  def place(x):
+    x = np.asarray(x)
+    x = x.reshape(-1, *x.shape[2:])
+    out = np.zeros((rows, *x.shape[1:]), x.dtype)
+    out[index] = x
+    return out
+
+  return jax.tree.map(place, gathered[1])

@@ -101,13 +101,15 @@ def sample_and_score(
   tokens_NT = np.asarray(rollout.tokens_PGT).reshape(p * g, t)
   mask_NT = np.asarray(rollout.mask_PGT).reshape(p * g, t)
   completions = tokenizer.decode_batch(tokens_NT, mask=mask_NT)
+  # Only samples that exist are scored (a prompt may get fewer than G).
+  valid = np.flatnonzero(np.asarray(rollout.sample_mask_PG).reshape(-1))
   samples = rewards_lib.Samples(
-    texts=completions,
-    num_tokens=mask_NT.sum(-1),
-    truncated=np.asarray(rollout.truncated_PG).reshape(-1),
-    metadata=[e for e in examples for _ in range(g)],
+    texts=[completions[i] for i in valid],
+    num_tokens=mask_NT.sum(-1)[valid],
+    truncated=np.asarray(rollout.truncated_PG).reshape(-1)[valid],
+    metadata=[examples[i // g] for i in valid],
   )
-  scores = rewards_lib.score(samples, task.rewards)
+  scores = _spread(rewards_lib.score(samples, task.rewards), valid, p * g)
   return Scored(
     rollout=rollout,
     examples=list(examples),
@@ -119,6 +121,17 @@ def sample_and_score(
     if prompt_ids is None
     else np.asarray(prompt_ids, np.int32),
   )
+
+
+def _spread(scores, rows: np.ndarray, n: int):
+  """Scores of the samples `rows` as scores of all `n` (zeros elsewhere)."""
+  if len(rows) == n:
+    return scores
+  values = np.zeros((n, *np.shape(scores.values_NK)[1:]), np.float32)
+  values[rows] = scores.values_NK
+  total = np.zeros((n,), np.float32)
+  total[rows] = scores.total_N
+  return scores._replace(values_NK=values, total_N=total)
 
 
 def sequences(rollout: Rollout) -> Sequences:

@@ -37,7 +37,6 @@ import time
 from typing import Any, Optional
 
 from flax import nnx
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +45,7 @@ from rljax import algorithms
 from rljax import checkpointing
 from rljax import monitoring
 from rljax import sampling
+from rljax import selection
 from rljax import sharding
 from rljax import tasks
 from rljax._src.base import Algorithm
@@ -222,7 +222,10 @@ class Trainer:
     rollout batch (``Batch.extra``; names end in ``_P``, ``_PG`` or
     ``_PGT``), computed on the host from this process's rows of the scored
     rollout (`rljax.training.Scored`: examples, completions, scores), e.g.
-    answer-cluster ids for a label-free reward.
+    answer-cluster ids for a label-free reward;
+  * ``prompts``: a `rljax.selection.PromptSampler` that chooses each
+    step's prompts and their number of samples (default: the shuffled
+    training set, ``sampler.num_samples`` each); its state is checkpointed.
   """
 
   def __init__(
@@ -235,6 +238,7 @@ class Trainer:
     rewards: Optional[Sequence[tuple]] = None,
     teacher: Optional[nnx.Module] = None,
     annotate: Optional[Callable[[Any], dict]] = None,
+    prompts: Optional[selection.PromptSampler] = None,
     allow_changes: Sequence[str] = (),
   ):
     self.config = c = validate(config)
@@ -245,6 +249,12 @@ class Trainer:
     self._writer = jax.process_index() == 0  # logs, rollouts, plots
     self.annotate = annotate
     self._engines = {}
+    self.prompt_sampler = prompts or _from_config(
+      "sampler.prompts",
+      selection.get,
+      c.sampler.prompts,
+      **{"num_samples": c.sampler.num_samples, **c.sampler.prompts_kwargs},
+    )
     with self._locked():
       self._build(resume, algorithm, task, rewards, teacher)
 
@@ -305,7 +315,10 @@ class Trainer:
       optimizer=opt,
       value_optimizer=None if critic is None else opt,
     )
-    self._iterator = self._dataset(c.train)
+    self.prompt_state = self.prompt_sampler.init(
+      len(self.task.train), c.train.seed
+    )
+    self._step = 0
     self.start_step = 0
     self.skipped_updates = 0  # non-finite updates skipped (train.nonfinite)
     self._skipped_in_a_row = 0
@@ -386,22 +399,6 @@ class Trainer:
 
   # --- data -----------------------------------------------------------------
 
-  def _dataset(self, train):
-    """This process's prompts: its rows of each global batch.
-
-    Global batch ``k`` is items ``[k P, (k + 1) P)`` of the shuffled,
-    repeated training set whatever the number of processes, so the
-    iterator's position means the same on any number of hosts. Each item
-    is ``(dataset index, example)``; the index becomes the prompt id.
-    """
-    stream = self.task.train.map_with_index(lambda i, e: (i, e))
-    stream = stream.shuffle(seed=train.seed).repeat()
-    size, rows = train.prompts_per_step, self.rows
-    batches = grain.MapDataset.range(len(stream) // size).map(
-      lambda k: [stream[k * size + int(r)] for r in rows]
-    )
-    return iter(batches.to_iter_dataset())
-
   def _warm(self, model) -> None:
     """The optional supervised warm start (scratch models)."""
     t = self.config.train
@@ -461,7 +458,13 @@ class Trainer:
       )
     metadata = restored.metadata or {}
     self.state = restored.state
-    self._iterator.set_state(metadata["data_state"])
+    if "prompt_state" in metadata:
+      self.prompt_state = metadata["prompt_state"]
+    else:  # saved before prompt samplers: grain's batch position
+      self.prompt_state["position"] = (
+        metadata["data_state"]["next_index"]
+        * self.config.train.prompts_per_step
+      )
     self.start_step = restored.step
     self.skipped_updates = int(metadata.get("skipped_updates", 0))
 
@@ -481,14 +484,14 @@ class Trainer:
         " checkpoint is intact: resume from it with a lower"
         " optim.learning_rate or check the algorithm's hyperparameters."
       )
-    # The data position is the same on every process (see `_dataset`), so
-    # it goes in the metadata: a checkpoint resumes on any number of hosts.
+    # The prompt sampler's state is the same on every process, so it goes
+    # in the metadata: a checkpoint resumes on any number of hosts.
     self.checkpointer.save(
       step,
       self.state,
       metadata={
         "config": _config_json(self.config),
-        "data_state": self._iterator.get_state(),
+        "prompt_state": self.prompt_state,
         "skipped_updates": self.skipped_updates,
       },
       force=force,
@@ -547,21 +550,71 @@ class Trainer:
     )
 
   def _next_prompts(self):
-    """(prompt ids, examples) of this process's rows of the next batch."""
-    ids, examples = zip(*next(self._iterator))
-    return list(ids), list(examples)
+    """The prompt sampler's next global batch: (this process's prompt ids,
+    their examples, every prompt's number of samples)."""
+    size = self.config.train.prompts_per_step
+    chosen, self.prompt_state = self.prompt_sampler.select(
+      self.prompt_state, self._step, size
+    )
+    chosen = _from_config(
+      "prompts",
+      selection.check_selection,
+      chosen,
+      size,
+      len(self.task.train),
+      self.prompt_sampler.max_samples,
+      type(self.prompt_sampler).__name__,
+    )
+    counts = chosen.num_samples
+    if self.config.sampler.engine == "static" and counts.min() < counts.max():
+      raise UserError(
+        f"the prompt sampler gave {counts.min()}..{counts.max()} samples per"
+        " prompt; sampler.engine='static' samples the same number for every"
+        " prompt: use sampler.engine='continuous'."
+      )
+    ids = chosen.prompt_ids[self.rows]
+    examples = [self.task.train[int(i)] for i in ids]
+    return list(ids), examples, counts
 
   def _train_sample(self, prompts, key):
-    ids, examples = prompts
+    ids, examples, counts = prompts
     s = self.config.sampler
+    uniform = counts.min() == counts.max()
     return self._sample(
       examples,
       key,
       prompt_ids=ids,
-      num_samples=s.num_samples,
+      num_samples=int(counts[0]) if uniform else counts,
       temperature=s.temperature,
       top_k=s.top_k,
       top_p=s.top_p,
+    )
+
+  def _feedback(self, scored) -> None:
+    """Tell the prompt sampler how the rollout scored (every process the
+    same global batch)."""
+    r = scored.rollout
+    p, g, _ = r.tokens_PGT.shape
+    local = (
+      np.asarray(scored.prompt_ids_P, np.int64),
+      np.asarray(scored.rewards_PG, np.float32),
+      np.asarray(scored.scores.values_NK)[:, 0].reshape(p, g) > 0,
+      np.asarray(r.mask_PGT).sum(-1).astype(np.int32),
+      np.asarray(r.sample_mask_PG) > 0,
+    )
+    ids, rewards, correct, lengths, valid = _hosts.gather_rows(
+      local, self.mesh, self.config.train.prompts_per_step
+    )
+    self.prompt_state = self.prompt_sampler.update(
+      self.prompt_state,
+      selection.Feedback(
+        prompt_ids=ids,
+        rewards=np.where(valid, rewards, 0.0),
+        correct=correct & valid,
+        lengths=np.where(valid, lengths, 0),
+        valid=valid,
+        step=self._step,
+      ),
     )
 
   def _global(self, tree):
@@ -578,6 +631,9 @@ class Trainer:
       rewards_PGK=np.asarray(scored.scores.values_NK).reshape(p, g, -1),
       rollout_logp_PGT=np.asarray(r.logp_PGT),
       truncated_PG=np.asarray(r.truncated_PG),
+      sample_mask_PG=None
+      if np.all(r.sample_mask_PG)
+      else np.asarray(r.sample_mask_PG, np.float32),
       prompt_ids_P=scored.prompt_ids_P,
       tokens_PGT=np.asarray(r.tokens_PGT, np.int32),
     )
@@ -600,6 +656,7 @@ class Trainer:
         prompts = self._next_prompts()
       key_attempt = jax.random.fold_in(key, attempt)
       scored = self._train_sample(prompts, key_attempt)
+      self._feedback(scored)
       batch = self._with_old(self._raw_batch(scored))
       keep = _hosts.to_local(
         self._keep(batch, self.state.policy.algo_state, key_attempt),
@@ -695,6 +752,7 @@ class Trainer:
     """One RL iteration; returns its metrics as floats."""
     key = jax.random.fold_in(jax.random.key(self.config.train.seed), step)
     start = time.perf_counter()
+    self._step = step
     prompts = self._next_prompts()
     scored, refills, num_kept = self._fill(prompts, jax.random.fold_in(key, 0))
     seqs = self._global(_rollout.sequences(scored.rollout))
@@ -779,11 +837,12 @@ class Trainer:
     """Means over every process's samples (sums over processes / counts)."""
     values = np.asarray(scored.scores.values_NK)
     mask = np.asarray(scored.rollout.mask_PGT)
-    n = values.shape[0]
+    valid = np.asarray(scored.rollout.sample_mask_PG).reshape(-1) > 0
+    n = int(valid.sum())  # samples (a prompt may have fewer than G)
     sums = {
-      "reward": np.sum(scored.rewards_PG),
+      "reward": np.sum(np.asarray(scored.rewards_PG).reshape(-1)[valid]),
       # A task's first reward is its correctness check.
-      "accuracy": np.sum(values[:, 0] > 0),
+      "accuracy": np.sum(values[valid, 0] > 0),
       "response_length": mask.sum(),
       "truncated": np.sum(scored.rollout.truncated_PG),
       # Fractions and means weighted by n like the sums above, so that one
@@ -794,11 +853,9 @@ class Trainer:
     sums = {k: np.float64(v) for k, v in sums.items()}
     total = _hosts.process_sum({"count": np.float64(n), **sums})
     out = {k: float(total[k] / total["count"]) for k in sums}
-    samples = (
-      self.config.train.prompts_per_step * self.config.sampler.num_samples
-    )
     out["kept_groups"] *= self.config.train.prompts_per_step
-    out["tokens"] = out["response_length"] * samples
+    out["tokens"] = float(total["response_length"])
+    out["samples"] = float(total["count"])
     out["refills"] = float(refills)
     return out
 

@@ -11,6 +11,7 @@ where the mesh is made (`Trainer`).
 import math
 from typing import Any
 
+from rljax import selection
 from rljax._src.errors import UserError
 from rljax.training._config import RunConfig
 
@@ -125,6 +126,15 @@ def _sampler(s) -> None:
     _int("sampler.slots", s.slots, 1, "Use None for one slot per sample.")
   _int("sampler.page_size", s.page_size, 1)
   _int("sampler.segment", s.segment, 1)
+  if s.prompts not in selection.SAMPLERS:
+    _fail(
+      "sampler.prompts",
+      s.prompts,
+      f"must be one of {sorted(selection.SAMPLERS)}",
+      "Pass other samplers in code: Trainer(config, prompts=...).",
+    )
+  if not isinstance(s.prompts_kwargs, dict):
+    _fail("sampler.prompts_kwargs", s.prompts_kwargs, "must be a dict")
 
 
 def _algorithm(a) -> None:

@@ -365,3 +365,14 @@ def test_bad_requests_raise(model):
   engine.run(model)
   with pytest.raises(ValueError, match="stopped and was kept"):
     engine.extend(seq, [3], max_new_tokens=2)
+
+
+def test_a_pool_held_by_kept_sequences_raises_instead_of_hanging(model):
+  engine = _engine(model, num_pages=14, max_length=48)  # 13 usable pages
+  [kept] = engine.add(
+    list(range(1, 40)), key=jax.random.key(0), max_new_tokens=2, keep=True
+  )
+  engine.run(model)  # holds 11 pages
+  engine.add(list(range(1, 30)), key=jax.random.key(1), max_new_tokens=2)
+  with pytest.raises(RuntimeError, match="release kept sequences"):
+    engine.run(model)

@@ -19,8 +19,14 @@ from rljax.training import Trainer
 from rljax.training import _hosts
 
 CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "grpo.py"
-# All 8 devices (4 per process), 3 steps, a checkpoint after the last.
-RUN = ("train.steps=3", "train.mesh=(-1, 1, 1)", "output.checkpoint_every=3")
+# All 8 devices (4 per process), 3 steps, a checkpoint after the last; a
+# prompt sampler that learns from every process's rewards.
+RUN = (
+  "train.steps=3",
+  "train.mesh=(-1, 1, 1)",
+  "output.checkpoint_every=3",
+  "sampler.prompts='uncertainty'",
+)
 
 
 def _free_port() -> str:
@@ -89,6 +95,14 @@ def test_two_processes_equal_one_and_their_checkpoint_restores_in_one(
     jax.tree.leaves(resumed.state.policy.params),
   ):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+  # The prompt sampler's state (saved by process 0 after both processes
+  # updated it with the whole batch) equals the one-process run's.
+  for key in ("alpha", "beta"):
+    np.testing.assert_array_equal(
+      resumed.prompt_state[key], single.prompt_state[key]
+    )
+  state = single.prompt_state
+  assert (state["alpha"] + state["beta"] > 2).sum() >= 16  # prompts seen
   # Same prompts and rollouts: the logged rewards agree too.
   single_records = [
     json.loads(line)

@@ -19,7 +19,11 @@ def _scored(reward_mean, offset, p=2, g=2, t=3):
     metrics={"reward/correct": reward_mean},
   )
   return Scored(
-    Rollout(*fields, full_logp_PGT=np.full((p, g, t), offset)),
+    Rollout(
+      *fields,
+      full_logp_PGT=np.full((p, g, t), offset),
+      sample_mask_PG=np.ones((p, g), np.int32),
+    ),
     [{"i": offset + i} for i in range(p)],
     [f"p{offset + i}" for i in range(p)],
     [f"c{offset + n}" for n in range(p * g)],
