@@ -872,8 +872,8 @@ class Engine:
   def _rows(self) -> list[Optional[Sequence]]:
     """The slots a segment decodes. While sequences wait, all of them (the
     free ones refill); otherwise only the running ones, packed per shard
-    into a power-of-two count, so a long tail of a few sequences does not
-    pay for every slot."""
+    into a quarter, a sixteenth, ... of its slots, so a long tail of a few
+    sequences does not pay for every slot."""
     if self._waiting:
       return self._slots
     per = self.settings.slots // self.shards
@@ -881,7 +881,10 @@ class Engine:
       [s for s in self._slots[d * per : (d + 1) * per] if s is not None]
       for d in range(self.shards)
     ]
-    width = min(per, _bucket(max(len(x) for x in shards), 1))
+    # Widths per, per / 4, per / 16, ...: few compiled variants.
+    width, active = per, max(len(x) for x in shards)
+    while width % 4 == 0 and width // 4 >= max(active, 1):
+      width //= 4
     return [
       group[i] if i < len(group) else None
       for group in shards
@@ -1019,15 +1022,16 @@ def rollout(
   max_new_tokens: int,
   num_samples: int | abc.Sequence[int] = 1,
   temperature: float = 1.0,
+  group_size: Optional[int] = None,
 ) -> Rollout:
   """`generate`'s `Rollout` from the engine: G samples of P prompts.
 
   Prompts come left-padded as for `generate`; the engine decodes them
   unpadded. Prompt p's sample g draws with ``fold_in(fold_in(key, p), g)``.
   `num_samples` may differ per prompt (a sequence of P counts >= 1): G is
-  their maximum, and a prompt's samples past its count are empty, with
-  ``sample_mask_PG`` 0. The result is numpy, the whole batch on every
-  process.
+  their maximum (or `group_size`), and a prompt's samples past its count
+  are empty, with ``sample_mask_PG`` 0. The result is numpy, the whole
+  batch on every process.
   """
   tokens = _host_rows(prompt_tokens_PS).astype(np.int32)
   mask = _host_rows(prompt_mask_PS).astype(np.int32)
@@ -1043,7 +1047,12 @@ def rollout(
   counts = np.broadcast_to(np.asarray(num_samples, np.int64), (p,))
   if counts.min() < 1:
     raise ValueError(f"num_samples must be >= 1 per prompt; got {counts}.")
-  g, t = int(counts.max()), int(max_new_tokens)
+  g, t = int(group_size or counts.max()), int(max_new_tokens)
+  if g < counts.max():
+    raise ValueError(
+      f"group_size={group_size} is below the largest num_samples"
+      f" ({counts.max()})."
+    )
   keys = jax.random.wrap_key_data(_fold_keys(jax.random.key_data(key), 0, p))
   groups = [
     engine.add(

@@ -65,13 +65,6 @@ class PromptSampler(abc.ABC):
     del feedback
     return state
 
-  def overrides(self, state: State, step: int) -> dict[str, Any]:
-    """Settings that change at `step` (a stage schedule): sampler fields
-    (``max_new_tokens``, ``temperature``) the trainer applies to the
-    step's rollout. Default: none."""
-    del state, step
-    return {}
-
 
 @dataclasses.dataclass(frozen=True)
 class Shuffled(PromptSampler):

@@ -566,11 +566,12 @@ class Trainer:
       type(self.prompt_sampler).__name__,
     )
     counts = chosen.num_samples
-    if self.config.sampler.engine == "static" and counts.min() < counts.max():
+    g = self.prompt_sampler.max_samples
+    if self.config.sampler.engine == "static" and np.any(counts != g):
       raise UserError(
         f"the prompt sampler gave {counts.min()}..{counts.max()} samples per"
-        " prompt; sampler.engine='static' samples the same number for every"
-        " prompt: use sampler.engine='continuous'."
+        f" prompt (max_samples {g}); sampler.engine='static' samples the"
+        " same number for every prompt: use sampler.engine='continuous'."
       )
     ids = chosen.prompt_ids[self.rows]
     examples = [self.task.train[int(i)] for i in ids]
@@ -579,15 +580,18 @@ class Trainer:
   def _train_sample(self, prompts, key):
     ids, examples, counts = prompts
     s = self.config.sampler
-    uniform = counts.min() == counts.max()
+    g = self.prompt_sampler.max_samples
+    # Every rollout has G = the sampler's max_samples (one compiled update).
+    sizes = {} if s.engine == "static" else {"group_size": g}
     return self._sample(
       examples,
       key,
       prompt_ids=ids,
-      num_samples=int(counts[0]) if uniform else counts,
+      num_samples=g if np.all(counts == g) else counts,
       temperature=s.temperature,
       top_k=s.top_k,
       top_p=s.top_p,
+      **sizes,
     )
 
   def _feedback(self, scored) -> None:

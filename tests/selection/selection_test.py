@@ -138,6 +138,7 @@ def test_static_engine_refuses_different_counts(tmp_path):
     Trainer(config, prompts=_Cycle()).run()
 
 
+@pytest.mark.slow  # three short runs; the multi-host test covers it too
 def test_uncertainty_sampler_resumes_exactly(tmp_path):
   run = (
     "sampler.prompts='uncertainty'",
