@@ -49,6 +49,7 @@ from rljax.sampling._logits import _process
 from rljax.sampling._sampler import Rollout
 from rljax.sampling._sampler import _check_prompt_values
 from rljax.sampling._sampler import _check_prompts
+from rljax.sampling._sampler import _stop_array
 
 # Why a sequence stopped (`Sequence.stop_reason`).
 RUNNING, STOP_ID, LENGTH, PAUSE, STOP_RULE, CAPACITY = range(6)
@@ -125,8 +126,6 @@ class _Settings(NamedTuple):
   """Static settings: one compiled program per value."""
 
   slots: int
-  shards: int
-  pages_per_row: int  # M
   segment: int  # decode steps per segment
   top_k: Optional[int]
   use_top_p: bool
@@ -279,7 +278,7 @@ def _segment_program(graphdef, s: _Settings):
   return run
 
 
-def _extend_program(graphdef, shards: int):
+def _extend_program(graphdef):
   """Write right-padded chunks of tokens into their rows' pages."""
 
   def run(state, k, v, pages_RM, cached_R, tokens_RC, mask_RC):
@@ -410,14 +409,11 @@ class Engine:
       raise ValueError(
         f"stop_ids must be token ids in [0, {vocab}); got {list(stop_ids)}."
       )
-    n = -(-max(len(stop_ids), 1) // 8) * 8
-    self._stop_ids = np.asarray(stop_ids + (-1,) * (n - len(stop_ids)))
+    self._stop_ids = _stop_array(stop_ids)
     self._top_p = np.float32(1.0 if top_p is None else top_p)
     self.stop_rule = stop_rule
     self.settings = _Settings(
       slots=int(slots),
-      shards=self.shards,
-      pages_per_row=self.pages_per_row,
       segment=int(segment),
       top_k=None if greedy or top_k is None else int(top_k),
       use_top_p=not greedy and top_p is not None and top_p < 1,
@@ -428,8 +424,9 @@ class Engine:
     self.refill = int(refill or max(1, per_shard // 4))
     self._pool = None  # (k, v), made on the first run
     self._maker = self._copier = None  # jitted pool maker and page copier
-    self._free = [list(range(self.num_pages - 1, 0, -1))] * self.shards
-    self._free = [list(f) for f in self._free]
+    self._free = [
+      list(range(self.num_pages - 1, 0, -1)) for _ in range(self.shards)
+    ]
     self._refs = np.zeros((self.shards, self.num_pages), np.int64)
     self._waiting: list[Sequence] = []
     self._slots: list[Optional[Sequence]] = [None] * slots
@@ -800,7 +797,7 @@ class Engine:
     extend = self._program(
       "extend",
       graphdef,
-      lambda: _extend_program(graphdef, self.shards),
+      lambda: _extend_program(graphdef),
     )
     chunk = 256
     while True:
