@@ -237,6 +237,10 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(
       self.directory, options=options, handler_registry=self._registry()
     )
+    # orbax deletes the tmp directories of unfinished saves in a background
+    # thread that only its next save waits for; wait here, so that a
+    # directory just opened holds finished steps only.
+    getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: 0)()
 
   def _registry(self) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     """Handlers: standard for the state, JSON for data (per process), meta."""
