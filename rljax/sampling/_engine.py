@@ -448,20 +448,29 @@ class Engine:
     key: jax.Array,
     max_new_tokens: int,
     num_samples: int = 1,
-    temperature: float = 1.0,
+    temperature: float | abc.Sequence[float] = 1.0,
     keep: bool = False,
     shard: Optional[int] = None,
   ) -> list[Sequence]:
     """Queue `num_samples` samples of `prompt` (which share its cache).
 
     Sample j draws with ``fold_in(key, j)`` (`key` may also be a key's
-    uint32 data, `jax.random.key_data`). Returns the samples; they fill
-    in as `run` decodes them.
+    uint32 data, `jax.random.key_data`) at `temperature` (one for all, or
+    one per sample). Returns the samples; they fill in as `run` decodes
+    them.
     """
     prompt = [int(t) for t in prompt]
     checks.positive(max_new_tokens=max_new_tokens, num_samples=num_samples)
-    if not self.settings.greedy:
-      checks.positive(temperature=temperature)
+    temps = np.asarray(temperature, np.float64).reshape(-1)
+    if temps.size not in (1, num_samples):
+      raise ValueError(
+        f"temperature has {temps.size} values for {num_samples} samples;"
+        " give one, or one per sample."
+      )
+    if not self.settings.greedy and not np.all(temps > 0):
+      raise ValueError(
+        f"temperature must be > 0 for sampling; got {temps.tolist()}."
+      )
     if not prompt:
       raise ValueError("prompt is empty; give at least one token.")
     vocab = self.config.vocab_size
@@ -495,16 +504,18 @@ class Engine:
       keep=True,
       released=True,  # freed once its samples have forked
     )
-    temp = 1.0 if self.settings.greedy else float(temperature)
-    return self._children(parent, num_samples, max_new_tokens, temp, keep)
+    temps = np.ones(1) if self.settings.greedy else temps
+    return self._children(parent, num_samples, max_new_tokens, temps, keep)
 
   def _children(self, parent, n, max_new_tokens, temperature, keep) -> list:
-    """`n` queued forks of `parent`; fork j draws with fold_in(key, j)."""
+    """`n` queued forks of `parent`; fork j draws with fold_in(key, j) at
+    temperature j (or the one temperature given)."""
     keys = np.asarray(_fold_keys(parent.key, parent.forks, n), np.uint32)
+    temps = np.broadcast_to(np.asarray(temperature, np.float64), (n,))
     parent.forks += n
     return [
-      self._child(parent, key, max_new_tokens, temperature, keep)
-      for key in keys
+      self._child(parent, key, max_new_tokens, float(t), keep)
+      for key, t in zip(keys, temps)
     ]
 
   def _child(self, parent, key, max_new_tokens, temperature, keep):
@@ -1020,6 +1031,7 @@ def rollout(
   num_samples: int | abc.Sequence[int] = 1,
   temperature: float = 1.0,
   group_size: Optional[int] = None,
+  width: Optional[int] = None,
 ) -> Rollout:
   """`generate`'s `Rollout` from the engine: G samples of P prompts.
 
@@ -1027,24 +1039,31 @@ def rollout(
   unpadded. Prompt p's sample g draws with ``fold_in(fold_in(key, p), g)``.
   `num_samples` may differ per prompt (a sequence of P counts >= 1): G is
   their maximum (or `group_size`), and a prompt's samples past its count
-  are empty, with ``sample_mask_PG`` 0. The result is numpy, the whole
-  batch on every process.
+  are empty, with ``sample_mask_PG`` 0. Completions have at most
+  `max_new_tokens` tokens in a rollout `width` tokens wide (default
+  `max_new_tokens`; a wider one keeps the shapes of a run whose budget
+  changes). The result is numpy, the whole batch on every process.
   """
   tokens = _host_rows(prompt_tokens_PS).astype(np.int32)
   mask = _host_rows(prompt_mask_PS).astype(np.int32)
   _check_prompts(tokens, mask, model.config, 0)
   _check_prompt_values(tokens, mask, model.config)
-  if tokens.shape[1] + max_new_tokens > engine.max_length:
+  width = int(max_new_tokens if width is None else width)
+  if width < max_new_tokens:
     raise ValueError(
-      f"prompt_tokens_PS width {tokens.shape[1]} + max_new_tokens"
-      f" {max_new_tokens} exceeds the engine's max_length"
-      f" ({engine.max_length})."
+      f"width={width} is below max_new_tokens={max_new_tokens}; the rollout"
+      " must hold the longest completion."
     )
-  p, width = tokens.shape
+  if tokens.shape[1] + width > engine.max_length:
+    raise ValueError(
+      f"prompt_tokens_PS width {tokens.shape[1]} + rollout width {width}"
+      f" exceeds the engine's max_length ({engine.max_length})."
+    )
+  p, s = tokens.shape
   counts = np.broadcast_to(np.asarray(num_samples, np.int64), (p,))
   if counts.min() < 1:
     raise ValueError(f"num_samples must be >= 1 per prompt; got {counts}.")
-  g, t = int(group_size or counts.max()), int(max_new_tokens)
+  g, t = int(group_size or counts.max()), width
   if g < counts.max():
     raise ValueError(
       f"group_size={group_size} is below the largest num_samples"
@@ -1055,7 +1074,7 @@ def rollout(
     engine.add(
       row[m > 0],
       key=keys[i],
-      max_new_tokens=t,
+      max_new_tokens=int(max_new_tokens),
       num_samples=int(counts[i]),
       temperature=temperature,
       shard=i * engine.shards // p,
@@ -1079,8 +1098,8 @@ def rollout(
       out["full_logp"][i, j, :n] = seq.full_logp
       truncated[i, j] = seq.stop_reason not in (STOP_ID, STOP_RULE)
   return Rollout(
-    prompt_tokens_PGS=np.broadcast_to(tokens[:, None], (p, g, width)),
-    prompt_mask_PGS=np.broadcast_to(mask[:, None], (p, g, width)),
+    prompt_tokens_PGS=np.broadcast_to(tokens[:, None], (p, g, s)),
+    prompt_mask_PGS=np.broadcast_to(mask[:, None], (p, g, s)),
     tokens_PGT=out["tokens"],
     mask_PGT=out["mask"],
     logp_PGT=out["logp"],

@@ -7,7 +7,9 @@ scored rollout with `update`; the trainer checkpoints its state with the
 train state and runs it identically on every process. `Shuffled` is the
 default: the training set shuffled once and repeated, G samples each;
 `Uncertainty` gives more samples to prompts whose success rate is least
-certain. Configs name them (``sampler.prompts``, `get`).
+certain; `Stages` runs a schedule of stages (prompts, sampler and
+generation budget per stage). Configs name them (``sampler.prompts``,
+`get`).
 """
 
 from rljax.selection._base import SAMPLERS
@@ -20,6 +22,8 @@ from rljax.selection._base import Uncertainty
 from rljax.selection._base import allocate
 from rljax.selection._base import check_selection
 from rljax.selection._base import get
+from rljax.selection._stages import Stage
+from rljax.selection._stages import Stages
 
 __all__ = [
   "SAMPLERS",
@@ -27,6 +31,8 @@ __all__ = [
   "PromptSampler",
   "Selection",
   "Shuffled",
+  "Stage",
+  "Stages",
   "State",
   "Uncertainty",
   "allocate",

@@ -13,6 +13,10 @@ class Selection(NamedTuple):
 
   prompt_ids: np.ndarray  # int64 [P] dataset indices
   num_samples: np.ndarray  # int32 [P] samples of each prompt (>= 1)
+  # This step's sampling settings where they differ from the run's config
+  # (stage schedules): {"max_new_tokens": n} (n <= sampler.max_new_tokens,
+  # the rollout's width). None: the config's.
+  settings: Optional[dict] = None
 
 
 class Feedback(NamedTuple):
@@ -50,6 +54,13 @@ class PromptSampler(abc.ABC):
   """
 
   max_samples: int = 1
+
+  def prepare(self, examples) -> "PromptSampler":
+    """This sampler bound to the training set (random access to its
+    example dicts), for samplers that select by example fields; the
+    trainer calls it once before `init`. Default: itself."""
+    del examples
+    return self
 
   @abc.abstractmethod
   def init(self, num_prompts: int, seed: int) -> State:
@@ -105,12 +116,22 @@ def _order(num_prompts: int, seed: int):
   return grain.MapDataset.range(num_prompts).shuffle(seed=seed).repeat()
 
 
+_SETTINGS = ("max_new_tokens",)
+
+
 def check_selection(
-  selection: Selection, size: int, num_prompts: int, max_samples: int, name: str
+  selection: Selection,
+  size: int,
+  num_prompts: int,
+  max_samples: int,
+  name: str,
+  max_new_tokens: Optional[int] = None,
 ) -> Selection:
   """A sampler's selection, checked (a clear error naming the sampler)."""
   ids = np.asarray(selection.prompt_ids)
   counts = np.asarray(selection.num_samples)
+  settings = dict(selection.settings or {})
+  budget = settings.get("max_new_tokens")
   problem: Optional[str] = None
   if ids.shape != (size,) or counts.shape != (size,):
     problem = (
@@ -124,9 +145,25 @@ def check_selection(
       f"gave {counts.min()}..{counts.max()} samples per prompt; each must be"
       f" in [1, max_samples={max_samples}]"
     )
+  elif set(settings) - set(_SETTINGS):
+    problem = (
+      f"set settings {sorted(set(settings) - set(_SETTINGS))}; a selection"
+      f" may set {list(_SETTINGS)}"
+    )
+  elif budget is not None and not (
+    isinstance(budget, (int, np.integer))
+    and 1 <= budget <= (max_new_tokens or budget)
+  ):
+    problem = (
+      f"set max_new_tokens={budget!r}; it must be an int in [1,"
+      f" sampler.max_new_tokens={max_new_tokens}] (raise"
+      " sampler.max_new_tokens, the rollout's width, for longer stages)"
+    )
   if problem:
     raise ValueError(f"prompt sampler {name} {problem}.")
-  return Selection(ids.astype(np.int64), counts.astype(np.int32))
+  return Selection(
+    ids.astype(np.int64), counts.astype(np.int32), settings or None
+  )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,6 +62,7 @@ def sample_and_score(
   global_rows: Optional[int] = None,
   prompt_ids: Optional[Sequence[int]] = None,
   engine: Optional[sampling.Engine] = None,
+  width: Optional[int] = None,
   **sampler_kwargs,
 ) -> Scored:
   """Sample G completions per example and score them with the task.
@@ -72,7 +73,8 @@ def sample_and_score(
   (as numpy), which it decodes and scores. With an `engine` the
   continuous-batching engine samples (its own top-k / top-p / greedy
   settings; `sampler_kwargs` give max_new_tokens, num_samples and
-  temperature), else `rljax.sampling.generate`.
+  temperature), else `rljax.sampling.generate`. Completions are padded to
+  `width` tokens (default: max_new_tokens).
   """
   prompts = [task.format_prompt(e) for e in examples]
   tokens, mask = encode_prompts(tokenizer, prompts, prompt_width, chat=chat)
@@ -80,7 +82,7 @@ def sample_and_score(
     tokens, mask = _hosts.to_global((tokens, mask), mesh, global_rows)
   if engine is not None:
     rollout = sampling.rollout(
-      engine, model, tokens, mask, key=key, **sampler_kwargs
+      engine, model, tokens, mask, key=key, width=width, **sampler_kwargs
     )
     engine.close()
     if mesh is not None:  # every process holds the whole batch
@@ -97,6 +99,7 @@ def sample_and_score(
     )
     if mesh is not None:
       rollout = _hosts.to_local(rollout, mesh)
+    rollout = _pad_completions(rollout, width)
   p, g, t = rollout.tokens_PGT.shape
   tokens_NT = np.asarray(rollout.tokens_PGT).reshape(p * g, t)
   mask_NT = np.asarray(rollout.mask_PGT).reshape(p * g, t)
@@ -120,6 +123,17 @@ def sample_and_score(
     prompt_ids_P=None
     if prompt_ids is None
     else np.asarray(prompt_ids, np.int32),
+  )
+
+
+def _pad_completions(rollout: Rollout, width: Optional[int]) -> Rollout:
+  """`rollout` with its completion axis zero-padded to `width`."""
+  t = rollout.tokens_PGT.shape[-1]
+  if width is None or width == t:
+    return rollout
+  pad = lambda x: np.pad(np.asarray(x), [(0, 0), (0, 0), (0, width - t)])  # noqa: E731
+  return rollout._replace(
+    **{f: pad(getattr(rollout, f)) for f in Rollout._fields if f[-3:] == "PGT"}
   )
 
 

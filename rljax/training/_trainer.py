@@ -315,6 +315,9 @@ class Trainer:
       optimizer=opt,
       value_optimizer=None if critic is None else opt,
     )
+    self.prompt_sampler = _from_config(
+      "sampler.prompts", self.prompt_sampler.prepare, self.task.train
+    )
     self.prompt_state = self.prompt_sampler.init(
       len(self.task.train), c.train.seed
     )
@@ -526,9 +529,12 @@ class Trainer:
       )
     return self._engines[key]
 
-  def _sample(self, examples, key, *, global_rows=None, **sampler_kwargs):
+  def _sample(
+    self, examples, key, *, global_rows=None, budget=None, **sampler_kwargs
+  ):
     """Sample and score this process's `examples` (rows of a global batch
-    of `global_rows` prompts, ``train.prompts_per_step`` by default)."""
+    of `global_rows` prompts, ``train.prompts_per_step`` by default), with
+    at most `budget` new tokens (default and width: the config's)."""
     if self.config.sampler.engine == "continuous":
       sampler_kwargs["engine"] = self._engine(
         sampler_kwargs.pop("greedy", False),
@@ -545,13 +551,15 @@ class Trainer:
       chat=self.config.model.chat_template,
       mesh=self.mesh,
       global_rows=global_rows or self.config.train.prompts_per_step,
-      max_new_tokens=self.config.sampler.max_new_tokens,
+      max_new_tokens=budget or self.config.sampler.max_new_tokens,
+      width=self.config.sampler.max_new_tokens,
       **sampler_kwargs,
     )
 
   def _next_prompts(self):
     """The prompt sampler's next global batch: (this process's prompt ids,
-    their examples, every prompt's number of samples)."""
+    their examples, every prompt's number of samples, the step's sampling
+    settings)."""
     size = self.config.train.prompts_per_step
     chosen, self.prompt_state = self.prompt_sampler.select(
       self.prompt_state, self._step, size
@@ -564,6 +572,7 @@ class Trainer:
       len(self.task.train),
       self.prompt_sampler.max_samples,
       type(self.prompt_sampler).__name__,
+      self.config.sampler.max_new_tokens,
     )
     counts = chosen.num_samples
     g = self.prompt_sampler.max_samples
@@ -575,10 +584,10 @@ class Trainer:
       )
     ids = chosen.prompt_ids[self.rows]
     examples = [self.task.train[int(i)] for i in ids]
-    return list(ids), examples, counts
+    return list(ids), examples, counts, chosen.settings or {}
 
   def _train_sample(self, prompts, key):
-    ids, examples, counts = prompts
+    ids, examples, counts, settings = prompts
     s = self.config.sampler
     g = self.prompt_sampler.max_samples
     # Every rollout has G = the sampler's max_samples (one compiled update).
@@ -591,6 +600,7 @@ class Trainer:
       temperature=s.temperature,
       top_k=s.top_k,
       top_p=s.top_p,
+      budget=settings.get("max_new_tokens"),
       **sizes,
     )
 

@@ -308,6 +308,60 @@ def test_per_token_temperature(model):
     np.testing.assert_allclose(seq.full_logp[i], tf, atol=1e-4)
 
 
+def test_a_temperature_per_sample(model):
+  # Samples of one prompt at their own temperatures: each sample's tokens
+  # and log-probs are those of a lone request at its temperature.
+  engine = _engine(model)
+  key = jax.random.key(4)
+  seqs = engine.add(
+    [5, 6], key=key, max_new_tokens=5, num_samples=2, temperature=[0.5, 2.0]
+  )
+  engine.run(model)
+  for j, temp in enumerate([0.5, 2.0]):
+    assert seqs[j].temperature == [pytest.approx(temp)] * 5
+    alone = _engine(model)
+    ones = alone.add(
+      [5, 6], key=key, max_new_tokens=5, num_samples=2, temperature=temp
+    )
+    alone.run(model)
+    assert ones[j].tokens == seqs[j].tokens
+    tf = _teacher_forced(model, seqs[j].tokens, temp)[1:]
+    np.testing.assert_allclose(seqs[j].full_logp, tf, atol=1e-4)
+  with pytest.raises(ValueError, match="3 values for 2 samples"):
+    engine.add(
+      [1], key=key, max_new_tokens=2, num_samples=2, temperature=[1] * 3
+    )
+
+
+def test_rollout_budget_within_a_wider_rollout(model):
+  tokens = np.array([[0, 5, 6], [7, 8, 9]], np.int32)
+  mask = (tokens > 0).astype(np.int32)
+  out = sampling.rollout(
+    _engine(model),
+    model,
+    tokens,
+    mask,
+    key=jax.random.key(0),
+    max_new_tokens=3,
+    num_samples=2,
+    width=7,
+  )
+  assert out.tokens_PGT.shape == (2, 2, 7)
+  assert out.mask_PGT.sum(-1).max() <= 3
+  assert np.all(out.mask_PGT[..., 3:] == 0)
+  np.testing.assert_array_equal(out.truncated_PG, out.mask_PGT.sum(-1) == 3)
+  with pytest.raises(ValueError, match="below max_new_tokens"):
+    sampling.rollout(
+      _engine(model),
+      model,
+      tokens,
+      mask,
+      key=jax.random.key(0),
+      max_new_tokens=3,
+      width=2,
+    )
+
+
 def test_sharded_engine_equals_one_device(model):
   from rljax import sharding
 
