@@ -24,9 +24,12 @@ from rljax.algorithms._presets import reinforce_pp
 from rljax.algorithms._presets import remax
 from rljax.algorithms._presets import rloo
 from rljax.algorithms._presets import sapo
+from rljax.algorithms._single_stream import spo
 from rljax.algorithms._stateful import empo
 from rljax.algorithms._stateful import hapo
 from rljax.algorithms._stateful import riskpo
+from rljax.algorithms._streams import icpo
+from rljax.algorithms._teacher import aepo_arbitrary
 from rljax.algorithms._teacher import dcpo_dist
 from rljax.algorithms._teacher import kepo
 from rljax.algorithms._teacher import rto
@@ -51,6 +54,7 @@ from rljax.algorithms._variants import seed_grpo
 __all__ = [
   "PRESETS",
   "adora",
+  "aepo_arbitrary",
   "ares",
   "aspo",
   "bapo",
@@ -72,6 +76,7 @@ __all__ = [
   "gspo",
   "gtpo",
   "hapo",
+  "icpo",
   "hdpo",
   "kepo",
   "kimi_opmd",
@@ -92,6 +97,7 @@ __all__ = [
   "rto",
   "sapo",
   "seed_grpo",
+  "spo",
   "thinkless",
   "vcpo",
 ]

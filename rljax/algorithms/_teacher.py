@@ -136,6 +136,12 @@ def vcpo(*, eps: float = 0.2, base_ess_ratio: float = 1.0) -> Algorithm:
   )
 
 
-# aepo_arbitrary stays out of the registry: it reads a second rollout stream
-# (samples at another temperature) that no run produces yet.
-PRESETS = {"dcpo_dist": dcpo_dist, "rto": rto, "kepo": kepo, "vcpo": vcpo}
+# aepo_arbitrary reads the temperature stream of
+# `rljax.rollouts.TemperatureStream` (sampler.groups="temperature_stream").
+PRESETS = {
+  "aepo_arbitrary": aepo_arbitrary,
+  "dcpo_dist": dcpo_dist,
+  "rto": rto,
+  "kepo": kepo,
+  "vcpo": vcpo,
+}

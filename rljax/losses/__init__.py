@@ -46,6 +46,7 @@ from rljax.losses._policy import gmpo
 from rljax.losses._policy import gppo
 from rljax.losses._policy import gspo
 from rljax.losses._policy import gspo_token
+from rljax.losses._policy import icpo_shaped
 from rljax.losses._policy import kl_cov
 from rljax.losses._policy import luspo
 from rljax.losses._policy import ppo_clip
@@ -108,6 +109,7 @@ __all__ = [
   "ratio_pg",
   "rec",
   "reg_grpo",
+  "icpo_shaped",
   "reinforce",
   "sapo",
   "sequence_logp",

@@ -716,3 +716,36 @@ def vespo(
   phi = jnp.exp(lam + k * log_w - lam * jnp.exp(log_w))
   phi = jnp.where(jnp.isfinite(phi), phi, 0.0)
   return _zeros_clip(-phi * x.adv * x.logp)
+
+
+def icpo_shaped(
+  logp_BT: ArrayLike,
+  old_logp_BT: ArrayLike,
+  adv_BT: ArrayLike,
+  mask_BT: ArrayLike,
+  *,
+  gamma: float = 0.1,
+) -> TokenLoss:
+  """ICPO's policy shaping of off-policy expert tokens:
+  ``L = -A * f(pi)``, ``f(pi) = pi / (pi + gamma)``, pi = exp(logp).
+
+  The gradient -A gamma / (pi + gamma)^2 * grad pi lifts low-probability
+  expert tokens without an importance ratio (LUFFY-style shaping with
+  the behaviour probability taken as 1); no clipping.
+
+  Args:
+    logp_BT, old_logp_BT, adv_BT, mask_BT: see the module docstring;
+      old_logp_BT is unused.
+    gamma: the shaping constant (ICPO: 0.1).
+
+  References:
+    ICPO, arXiv 2510.26519 (catalog row 1.90). Checked against
+    Celine-hxy/ICPO ``utils/core_algos.py::compute_icpo_policy_loss``:
+    the expert tokens' loss -A pi / (pi + 0.1) on the current
+    probability, unclipped; on-policy tokens keep the clipped ratio.
+  """
+  del old_logp_BT  # The shaping reads the current probability only.
+  checks.positive(gamma=gamma)
+  x = _prepare(logp_BT, None, adv_BT, mask_BT)
+  p = jnp.exp(x.logp)
+  return _zeros_clip(-x.adv * p / (p + gamma))

@@ -2,6 +2,7 @@
 
 from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
+from rljax.models._logprobs import grouped_completion_logprobs
 from rljax.models._logprobs import token_logprobs
 from rljax.models._transformer import KVCache
 from rljax.models._transformer import PagedCache
@@ -18,6 +19,7 @@ __all__ = [
   "RopeScaling",
   "Transformer",
   "ValueModel",
+  "grouped_completion_logprobs",
   "init_cache",
   "init_pages",
   "positions_from_mask",

@@ -1,5 +1,6 @@
 """Per-token log-probs and entropies of given sequences: the train step's
-entry point into the model."""
+entry point into the model (`grouped_completion_logprobs`: a group's
+completions with their shared prompt encoded once)."""
 
 from typing import Optional
 
@@ -10,6 +11,8 @@ from jax.typing import ArrayLike
 import pallas_kernels
 from rljax._src import checks
 from rljax.models._transformer import Transformer
+from rljax.models._transformer import init_cache
+from rljax.models._transformer import positions_from_mask
 
 
 def token_logprobs(
@@ -36,12 +39,7 @@ def token_logprobs(
   Returns:
     (logp_BS, entropy_BS), float32.
   """
-  checks.positive(temperature=temperature)
-  if schedule not in pallas_kernels.SCHEDULES:
-    raise ValueError(
-      f"schedule must be one of {sorted(pallas_kernels.SCHEDULES)}; got"
-      f" {schedule!r}."
-    )
+  _check_options(temperature, schedule)
   tokens = jnp.asarray(tokens_BS)
   mask = (
     jnp.ones(tokens.shape, jnp.float32)
@@ -49,23 +47,131 @@ def token_logprobs(
     else jnp.asarray(attention_mask_BS, jnp.float32)
   )
   hidden, _ = model.hidden_states(tokens, mask)
-  if schedule == "dense":
-    logp, entropy = _dense(model, hidden[:, :-1], tokens[:, 1:], temperature)
-  else:
-    unembed = model.unembedding().astype(hidden.dtype)
-    logp, entropy = pallas_kernels.token_logprob(
-      hidden[:, :-1],
-      unembed,
-      tokens[:, 1:],
-      temperature=temperature,
-      schedule=schedule,
-    )
+  logp, entropy = _project(
+    model, hidden[:, :-1], tokens[:, 1:], temperature, schedule
+  )
   pad = jnp.zeros(tokens.shape[:1] + (1,), jnp.float32)
   # A padding predecessor's hidden state is meaningless: mask those too.
   predicted = jnp.concatenate([pad, mask[:, 1:] * mask[:, :-1]], 1)
   logp = jnp.concatenate([pad, logp], 1) * predicted
   entropy = jnp.concatenate([pad, entropy], 1) * predicted
   return logp, entropy
+
+
+def grouped_completion_logprobs(
+  model: Transformer,
+  prompt_tokens_PS: ArrayLike,
+  prompt_mask_PS: ArrayLike,
+  tokens_PGT: ArrayLike,
+  mask_PGT: ArrayLike,
+  *,
+  temperature: float = 1.0,
+  schedule: str = "auto",
+) -> tuple[jax.Array, jax.Array]:
+  """Completion log-probs of a GRPO group with its prompt encoded once.
+
+  Prefix Grouper (Liu et al., 2025, arXiv 2506.05433, "Shared-Prefix
+  Forward"): every sample of group p is prompt p followed by its own
+  completion, so the prompt's hidden states, keys and values are the same
+  for all G samples. They are computed once, on [P, S], and each
+  completion's tokens attend to them and causally to themselves,
+
+      O_S = Attn(Q_S, [K_P; K_S], [V_P; V_S])     (one softmax over both),
+
+  with the prompt's keys / values broadcast over G (never copied G times);
+  positions continue after each prompt's real length. The first completion
+  token is predicted from the prompt's last hidden state. Log-probs,
+  entropies and their gradients equal those of `token_logprobs` on the
+  concatenated [P G, S + T] rows (the last T columns), up to float rounding;
+  the prompt's layers and the prompt-prompt attention cost 1/G as much,
+  forward and backward.
+
+  Checked against the paper (the grouped attention, its equivalence claim)
+  and the official PyTorch code (johncaged/PrefixGrouper,
+  ``forward.py``: prefix self-attention, then suffix queries over the
+  prefix's keys concatenated before their own). That code packs the prefix
+  and all suffixes into one row and repeats the prefix's keys for each
+  suffix; here the prompt runs as its own pass (a `KVCache` prefill) and
+  the shared keys are broadcast inside the attention einsum.
+
+  Args:
+    model: the policy.
+    prompt_tokens_PS: each group's prompt, left-padded.
+    prompt_mask_PS: 1 on the prompts' real tokens. Where a prompt's last
+      column is padding, its first completion tokens get 0 (their
+      predecessor is padding), as in `token_logprobs`.
+    tokens_PGT: the G completions of each prompt (right-padded).
+    mask_PGT: 1 on the completions' real tokens.
+    temperature: the sampling temperature (see `token_logprobs`).
+    schedule: the vocabulary projection (see `token_logprobs`).
+
+  Returns:
+    (logp_PGT, entropy_PGT), float32, 0 where a token or its predecessor is
+    padding: `token_logprobs` of the concatenated rows, last T columns.
+  """
+  _check_options(temperature, schedule)
+  prompt = jnp.asarray(prompt_tokens_PS)
+  tokens = jnp.asarray(tokens_PGT)
+  checks.rank("prompt_tokens_PS", prompt, 2, "[P, S]")
+  checks.rank("tokens_PGT", tokens, 3, "[P, G, T]")
+  checks.same_shape(
+    ("prompt_tokens_PS", "prompt_mask_PS"), prompt, prompt_mask_PS
+  )
+  checks.same_shape(("tokens_PGT", "mask_PGT"), tokens, mask_PGT)
+  checks.leading_shape("tokens_PGT", tokens, prompt.shape[:1], "the prompts")
+  p, s = prompt.shape
+  _, g, t = tokens.shape
+  prompt_mask = jnp.asarray(prompt_mask_PS, jnp.int32)
+  mask = jnp.asarray(mask_PGT, jnp.float32).reshape(p * g, t)
+  prefill = init_cache(model.config, p, s)
+  prompt_hidden, prefix = model.hidden_states(
+    prompt,
+    prompt_mask,
+    positions_BS=positions_from_mask(prompt_mask),
+    cache=prefill,
+  )
+  hidden, _ = model.hidden_states(tokens.reshape(p * g, t), mask, prefix=prefix)
+  # Token t is predicted from the hidden state before it: the prompt's last
+  # for t = 0 (the same for all G samples), the completion's own after.
+  last = jnp.broadcast_to(
+    prompt_hidden[:, None, -1:], (p, g, 1, hidden.shape[-1])
+  ).reshape(p * g, 1, -1)
+  before = jnp.concatenate([last, hidden[:, :-1]], axis=1)
+  logp, entropy = _project(
+    model, before, tokens.reshape(p * g, t), temperature, schedule
+  )
+  before_mask = jnp.concatenate(
+    [
+      jnp.repeat(prompt_mask[:, -1:], g, axis=0).astype(jnp.float32),
+      mask[:, :-1],
+    ],
+    axis=1,
+  )
+  predicted = mask * before_mask
+  back = lambda x: (x * predicted).reshape(p, g, t)  # noqa: E731
+  return back(logp), back(entropy)
+
+
+def _check_options(temperature, schedule):
+  checks.positive(temperature=temperature)
+  if schedule not in pallas_kernels.SCHEDULES:
+    raise ValueError(
+      f"schedule must be one of {sorted(pallas_kernels.SCHEDULES)}; got"
+      f" {schedule!r}."
+    )
+
+
+def _project(model, hidden_BSD, targets_BS, temperature, schedule):
+  """(logp, entropy) [B, S] of `targets_BS` from the hidden states before."""
+  if schedule == "dense":
+    return _dense(model, hidden_BSD, targets_BS, temperature)
+  return pallas_kernels.token_logprob(
+    hidden_BSD,
+    model.unembedding().astype(hidden_BSD.dtype),
+    targets_BS,
+    temperature=temperature,
+    schedule=schedule,
+  )
 
 
 def _dense(model, hidden_BSD, targets_BS, temperature):

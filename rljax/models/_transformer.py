@@ -180,12 +180,36 @@ class Layers(nnx.Module):
     self.down_proj = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
 
 
+def _part_scores(q_BSNGK, part_PTNK) -> jax.Array:
+  """[B, N, G, S, T] scores against one key part. A part of P < B rows is
+  shared: row p serves query rows [p B/P, (p + 1) B/P), by broadcasting
+  in the einsum (never copied B/P times)."""
+  b, p = q_BSNGK.shape[0], part_PTNK.shape[0]
+  if p == b:
+    return jnp.einsum("bsngk,btnk->bngst", q_BSNGK, part_PTNK)
+  q = q_BSNGK.reshape(p, b // p, *q_BSNGK.shape[1:])
+  scores = jnp.einsum("pcsngk,ptnk->pcngst", q, part_PTNK)
+  return scores.reshape(b, *scores.shape[2:])
+
+
+def _part_values(probs_BNGST, part_PTNK) -> jax.Array:
+  """[B, S, N, G, K] the probability-weighted values of one part (a part
+  of P < B rows is shared, as in `_part_scores`)."""
+  b, p = probs_BNGST.shape[0], part_PTNK.shape[0]
+  if p == b:
+    return jnp.einsum("bngst,btnk->bsngk", probs_BNGST, part_PTNK)
+  probs = probs_BNGST.reshape(p, b // p, *probs_BNGST.shape[1:])
+  out = jnp.einsum("pcngst,ptnk->pcsngk", probs, part_PTNK)
+  return out.reshape(b, *out.shape[2:])
+
+
 def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
   """Grouped-query attention; softmax in float32.
 
   Keys and values may come in parts (a tuple, e.g. a paged cache's view
   and the new tokens): one softmax over all parts, without concatenating
-  them.
+  them. A part with fewer rows than the queries is shared by consecutive
+  query rows (a prompt's keys for its G completions, Prefix Grouper).
   """
   ks = k_BTNK if isinstance(k_BTNK, tuple) else (k_BTNK,)
   vs = v_BTNK if isinstance(v_BTNK, tuple) else (v_BTNK,)
@@ -193,7 +217,7 @@ def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
   n = ks[0].shape[2]
   q = q_BSHK.reshape(b, s, n, h // n, k)
   scores = jnp.concatenate(
-    [jnp.einsum("bsngk,btnk->bngst", q, part) for part in ks], axis=-1
+    [_part_scores(q, part) for part in ks], axis=-1
   ).astype(jnp.float32)
   scores = scores / math.sqrt(k)
   scores = jnp.where(
@@ -202,7 +226,7 @@ def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
   probs = jax.nn.softmax(scores, axis=-1).astype(vs[0].dtype)
   bounds = np.cumsum([0] + [part.shape[1] for part in vs])
   out = sum(
-    jnp.einsum("bngst,btnk->bsngk", probs[..., lo:hi], part)
+    _part_values(probs[..., lo:hi], part)
     for lo, hi, part in zip(bounds[:-1], bounds[1:], vs)
   )
   return out.reshape(b, s, h, k)
@@ -273,10 +297,12 @@ def _cast(x, dtype):
   return x.astype(dtype)
 
 
-def _layer(config, w, x, positions, inv_freq, kv, io, allowed):
+def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   """One decoder layer; `kv` is (layer index, all layers' k, v) or None,
   and `io` stores this layer's new keys / values (or returns them, as
-  `new`, to be stored later) and gives back the keys / values to attend."""
+  `new`, to be stored later) and gives back the keys / values to attend.
+  `shared` is this layer's read-only prefix (k, v), attended before the
+  new tokens (`Transformer.hidden_states`'s ``prefix``)."""
   c, dt = config, x.dtype
   h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
   q = jnp.einsum("bsd,dhk->bshk", h, w["q_proj"].astype(dt))
@@ -300,6 +326,8 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed):
     # step).
     k, v, k_all, v_all, new = io(*kv, k, v)
     kv = (k_all, v_all)
+  if shared is not None:
+    k, v = (shared[0], k), (shared[1], v)
   attn = _attention(q, _cast(k, dt), _cast(v, dt), allowed)
   x = x + jnp.einsum("bshk,hkd->bsd", attn, w["o_proj"].astype(dt))
   h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
@@ -309,6 +337,37 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed):
     "bsf,fd->bsd", jax.nn.silu(gate) * up, w["down_proj"].astype(dt)
   )
   return x, kv, new
+
+
+def _check_prefix(prefix, cache, rows: int) -> None:
+  """A ``prefix`` is a `KVCache` whose rows divide the batch; no cache."""
+  if cache is not None:
+    raise ValueError(
+      "pass either cache (decoding) or prefix (a read-only shared prefix),"
+      " not both."
+    )
+  if not isinstance(prefix, KVCache):
+    raise ValueError(
+      f"prefix must be a KVCache (e.g. a prefill's); got {type(prefix)}."
+    )
+  p = prefix.mask.shape[0]
+  if rows % p:
+    raise ValueError(
+      f"tokens_BS has {rows} rows, not a multiple of the prefix's {p} rows:"
+      " each prefix row serves B / P consecutive rows (a group)."
+    )
+
+
+def _shared_rows(prefix_mask_PS: jax.Array, rows: int) -> jax.Array:
+  """[B, S] the prefix mask seen by each of `rows` query rows."""
+  return jnp.repeat(prefix_mask_PS, rows // prefix_mask_PS.shape[0], axis=0)
+
+
+def _positions_after(prefix_mask_PS, mask_BS) -> jax.Array:
+  """Positions continuing after each row's prefix (real tokens only): what
+  `positions_from_mask` gives on the concatenated row."""
+  before = jnp.sum(_shared_rows(prefix_mask_PS, mask_BS.shape[0]), axis=1)
+  return jnp.maximum(before[:, None] + jnp.cumsum(mask_BS, axis=1) - 1, 0)
 
 
 def _check_auto_mesh(tokens: jax.Array) -> None:
@@ -350,6 +409,7 @@ class Transformer(nnx.Module):
     positions_BS: Optional[ArrayLike] = None,
     cache: Optional[KVCache | PagedCache] = None,
     cache_index: ArrayLike = 0,
+    prefix: Optional[KVCache] = None,
   ) -> tuple[jax.Array, Optional[KVCache | PagedCache]]:
     """Final-norm hidden states [B, S, D] and the updated cache.
 
@@ -359,17 +419,29 @@ class Transformer(nnx.Module):
     tokens (``attention_mask_BS`` is right-padded there) become its logical
     tokens ``lengths_B[b] + s`` (positions default to those) and attend to
     every earlier token of the row; ``cache_index`` is unused.
+
+    With a ``prefix`` (a `KVCache` of P rows, B a multiple of P: e.g. the
+    prefill of P prompts) row b continues prefix row ``b // (B / P)``: its
+    tokens attend to that row's real slots, shared and never copied, and
+    causally among themselves; positions default to the prefix row's real
+    length plus the real tokens before. The prefix is read, not updated
+    (the returned cache is None), and gradients flow into it: the training
+    forward of Prefix Grouper (`rljax.models.grouped_completion_logprobs`).
     """
     c = self.config
     tokens = jnp.asarray(tokens_BS)
     _check_auto_mesh(tokens)
     b, s = tokens.shape
+    if prefix is not None:
+      _check_prefix(prefix, cache, b)
     mask = (
       jnp.ones((b, s), jnp.int32)
       if attention_mask_BS is None
       else jnp.asarray(attention_mask_BS, jnp.int32)
     )
     paged = isinstance(cache, PagedCache)
+    if positions_BS is None and prefix is not None:
+      positions_BS = _positions_after(prefix.mask, mask)
     if positions_BS is None and paged:
       positions_BS = cache.lengths_B[:, None] + jnp.arange(s)[None]
     if positions_BS is None:
@@ -406,6 +478,10 @@ class Transformer(nnx.Module):
       causal = key_slots[None, :] <= query_slots[:, None]  # [S, S_keys]
       allowed = causal[None] & (key_mask[:, None, :] > 0)
       io = _dense_io(cache_index)
+    if prefix is not None:
+      shared = _shared_rows(prefix.mask, b)[:, None, :] > 0
+      shared = jnp.broadcast_to(shared, (b, s, shared.shape[-1]))
+      allowed = jnp.concatenate([shared, allowed], axis=-1)
     weights = {
       k: v[...]
       for k, v in vars(self.layers).items()
@@ -416,15 +492,19 @@ class Transformer(nnx.Module):
 
     def body(carry, xs):
       x, kvs = carry
-      w, i = xs
+      w, i, shared = xs
       kv = None if kvs is None else (i, *kvs)
-      x, kvs, new = _layer(c, w, x, positions, inv_freq, kv, io, allowed)
+      x, kvs, new = _layer(
+        c, w, x, positions, inv_freq, kv, io, allowed, shared
+      )
       return (x, kvs), new
 
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
+    # The prefix's keys / values are scanned over as inputs (read-only).
+    shared = None if prefix is None else (prefix.k, prefix.v)
     (x, kvs), new = jax.lax.scan(
-      body, (x, kvs), (weights, layer_ids), unroll=c.scan_unroll
+      body, (x, kvs), (weights, layer_ids, shared), unroll=c.scan_unroll
     )
     x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     if paged:

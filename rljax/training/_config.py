@@ -32,6 +32,9 @@ class ModelSpec:
   scan_unroll: int = 1  # layers per scan iteration (ModelConfig.scan_unroll)
   chat_template: bool = False  # wrap prompts in the tokenizer's template
   logprob_schedule: str = "auto"  # pallas_kernels schedule; "dense" to skip
+  # Encode each group's shared prompt once in the training forward and
+  # backward (Prefix Grouper, `rljax.models.grouped_completion_logprobs`).
+  prefix_grouper: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +56,9 @@ class SamplerSpec:
   KV page, ``segment`` decode steps between scheduling points.
   ``engine="static"`` is the one-program sampler (`rljax.sampling.generate`).
   ``prompts`` names the prompt sampler (`rljax.selection.get`; its
-  ``num_samples`` defaults to this spec's) with ``prompts_kwargs``.
+  ``num_samples`` defaults to this spec's) with ``prompts_kwargs``;
+  ``groups`` a group strategy (`rljax.rollouts.get`: hints, extra
+  streams, injected samples) with ``groups_kwargs``.
   """
 
   num_samples: int = 8
@@ -67,6 +72,8 @@ class SamplerSpec:
   segment: int = 16
   prompts: str = "shuffled"  # a `rljax.selection` sampler
   prompts_kwargs: dict = dataclasses.field(default_factory=dict)
+  groups: Optional[str] = None  # a `rljax.rollouts` group strategy
+  groups_kwargs: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ class Scored(NamedTuple):
   scores: Any  # rljax.rewards.Scores over the P * G samples
   rewards_PG: np.ndarray  # the weighted total, float32
   prompt_ids_P: Optional[np.ndarray] = None  # int32 dataset indices
+  streams_PG: Optional[np.ndarray] = None  # int32 `rollouts.Member.stream`
 
 
 def encode_prompts(
@@ -100,6 +101,22 @@ def sample_and_score(
     if mesh is not None:
       rollout = _hosts.to_local(rollout, mesh)
     rollout = _pad_completions(rollout, width)
+  return score_rollout(
+    rollout, tokenizer, task, examples, prompts, prompt_ids=prompt_ids
+  )
+
+
+def score_rollout(
+  rollout: Rollout,
+  tokenizer: Tokenizer,
+  task,
+  examples: Sequence[dict],
+  prompts: Sequence[str],
+  *,
+  prompt_ids: Optional[Sequence[int]] = None,
+  streams: Optional[np.ndarray] = None,
+) -> Scored:
+  """Decode and score the valid samples of `rollout` (P = len(examples))."""
   p, g, t = rollout.tokens_PGT.shape
   tokens_NT = np.asarray(rollout.tokens_PGT).reshape(p * g, t)
   mask_NT = np.asarray(rollout.mask_PGT).reshape(p * g, t)
@@ -123,6 +140,7 @@ def sample_and_score(
     prompt_ids_P=None
     if prompt_ids is None
     else np.asarray(prompt_ids, np.int32),
+    streams_PG=streams,
   )
 
 
@@ -196,6 +214,9 @@ def take_groups(scored: Sequence[Scored], order: np.ndarray) -> Scored:
     prompt_ids_P=None
     if scored[0].prompt_ids_P is None
     else cat([s.prompt_ids_P for s in scored])[order],
+    streams_PG=None
+    if scored[0].streams_PG is None
+    else cat([s.streams_PG for s in scored])[order],
   )
 
 

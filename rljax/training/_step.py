@@ -3,7 +3,8 @@
 States are plain pytrees: the model structure (`nnx.GraphDef`) stays outside,
 so a state can be sharded, checkpointed and passed through `jax.jit`.
 Sequences are prompt + completion, [P, G, L] with L = S + T; the loss reads
-the last T positions.
+the last T positions. With ``UpdateSpec.prefix_grouper`` each group's
+prompt (the same for its G samples) is encoded once (Prefix Grouper).
 
 One update makes ``epochs x minibatches`` optimizer steps over the batch.
 Each minibatch may be split into ``microbatches`` whose gradients add up to
@@ -38,6 +39,7 @@ from rljax import objectives
 from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import Mean
+from rljax.models import grouped_completion_logprobs
 from rljax.models import token_logprobs
 
 
@@ -82,9 +84,36 @@ class Models(NamedTuple):
 
 
 def completion_logprobs(
-  model, seqs: Sequences, width: int, *, temperature, schedule="auto"
+  model,
+  seqs: Sequences,
+  width: int,
+  *,
+  temperature,
+  schedule="auto",
+  prefix_grouper=False,
 ):
-  """(logp_PGT, entropy_PGT) of the last `width` tokens of each sequence."""
+  """(logp_PGT, entropy_PGT) of the last `width` tokens of each sequence.
+
+  With ``prefix_grouper`` each group's prompt (the first L - width tokens,
+  the same for all its samples) is encoded once and shared by its G
+  completions (`rljax.models.grouped_completion_logprobs`, Prefix Grouper):
+  the same values and gradients, up to float rounding, with the prompt's
+  share of the compute divided by G. Samples of a group with different
+  prompts raise an error (a ValueError, or at run time under `jax.jit`).
+  """
+  if prefix_grouper:
+    prompt, prompt_mask = shared_prompts(
+      seqs, seqs.tokens_PGL.shape[-1] - width
+    )
+    return grouped_completion_logprobs(
+      model,
+      prompt,
+      prompt_mask,
+      seqs.tokens_PGL[..., -width:],
+      seqs.mask_PGL[..., -width:],
+      temperature=temperature,
+      schedule=schedule,
+    )
   p, g, length = seqs.tokens_PGL.shape
   flat = lambda x: x.reshape(p * g, length)  # noqa: E731
   logp, entropy = token_logprobs(
@@ -96,6 +125,37 @@ def completion_logprobs(
   )
   back = lambda x: x[:, length - width :].reshape(p, g, width)  # noqa: E731
   return back(logp), back(entropy)
+
+
+def shared_prompts(seqs: Sequences, prompt_width: int):
+  """([P, S] tokens, [P, S] mask) of each group's prompt, the first
+  `prompt_width` columns, checked to be the same for every sample.
+
+  Raises a ValueError when they differ (under `jax.jit`, at run time,
+  through a host callback: the error then arrives wrapped in the runtime's
+  error, with this message).
+  """
+  tokens = seqs.tokens_PGL[..., :prompt_width]
+  mask = seqs.mask_PGL[..., :prompt_width]
+  real = jnp.where(mask > 0, tokens, 0)
+  same = jnp.logical_and(
+    jnp.all(real == real[:, :1]), jnp.all(mask == mask[:, :1])
+  )
+  if isinstance(same, jax.core.Tracer):
+    jax.debug.callback(_raise_unless_shared, same)
+  else:
+    _raise_unless_shared(same)
+  return tokens[:, 0], mask[:, 0]
+
+
+def _raise_unless_shared(same) -> None:
+  if not bool(same):
+    raise ValueError(
+      "prefix_grouper: the samples of a group have different prompt tokens"
+      " (the first L - completion_width columns of Sequences differ along"
+      " G). Prefix Grouper shares one prompt per group; set"
+      " model.prefix_grouper=False for batches whose groups mix prompts."
+    )
 
 
 def prompt_mean_logprobs(
@@ -149,9 +209,18 @@ def trajectory_grad_sq_norms(
 
 
 def rescore(
-  request, graph, params, seqs: Sequences, width: int, *, schedule="auto"
+  request,
+  graph,
+  params,
+  seqs: Sequences,
+  width: int,
+  *,
+  schedule="auto",
+  prefix_grouper=False,
 ) -> jax.Array:
-  """One `rljax.Rescore` pass of the model (``graph``, ``params``)."""
+  """One `rljax.Rescore` pass of the model (``graph``, ``params``);
+  ``prefix_grouper`` applies to completion log-probs (see
+  `completion_logprobs`)."""
   kw = dict(temperature=request.temperature, schedule=schedule)
   if request.span == "gradient":
     return trajectory_grad_sq_norms(graph, params, seqs, width, **kw)
@@ -159,7 +228,9 @@ def rescore(
   if request.span == "prompt":
     prompt_width = seqs.tokens_PGL.shape[-1] - width
     return prompt_mean_logprobs(model, seqs, prompt_width, **kw)
-  return completion_logprobs(model, seqs, width, **kw)[0]
+  return completion_logprobs(
+    model, seqs, width, prefix_grouper=prefix_grouper, **kw
+  )[0]
 
 
 def completion_values(value_model, seqs: Sequences, width: int) -> jax.Array:
@@ -199,6 +270,7 @@ class UpdateSpec(NamedTuple):
   temperature: float = 1.0
   schedule: str = "auto"
   value_eps: Optional[float] = 0.2
+  prefix_grouper: bool = False  # encode each group's prompt once
 
 
 def _accumulated_grads(loss_fn, params, data, microbatches):
@@ -235,6 +307,7 @@ def _policy_logprobs(models, spec, params, seqs):
     spec.completion_width,
     temperature=spec.temperature,
     schedule=spec.schedule,
+    prefix_grouper=spec.prefix_grouper,
   )
 
 

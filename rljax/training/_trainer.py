@@ -44,6 +44,7 @@ import numpy as np
 from rljax import algorithms
 from rljax import checkpointing
 from rljax import monitoring
+from rljax import rollouts
 from rljax import sampling
 from rljax import selection
 from rljax import sharding
@@ -54,6 +55,7 @@ from rljax._src.base import finalize
 from rljax._src.errors import NonFiniteError
 from rljax._src.errors import UserError
 from rljax.training import _build
+from rljax.training import _groups
 from rljax.training import _hosts
 from rljax.training import _rollout
 from rljax.training import _run_dir
@@ -239,6 +241,7 @@ class Trainer:
     teacher: Optional[nnx.Module] = None,
     annotate: Optional[Callable[[Any], dict]] = None,
     prompts: Optional[selection.PromptSampler] = None,
+    groups: Optional[rollouts.GroupStrategy] = None,
     allow_changes: Sequence[str] = (),
   ):
     self.config = c = validate(config)
@@ -255,6 +258,19 @@ class Trainer:
       c.sampler.prompts,
       **{"num_samples": c.sampler.num_samples, **c.sampler.prompts_kwargs},
     )
+    self.groups = groups
+    if groups is None and c.sampler.groups is not None:
+      self.groups = _from_config(
+        "sampler.groups",
+        rollouts.get,
+        c.sampler.groups,
+        **c.sampler.groups_kwargs,
+      )
+    if self.groups is not None and c.sampler.engine != "continuous":
+      raise UserError(
+        f"a group strategy ({type(self.groups).__name__}) samples with the"
+        " rollout engine: set sampler.engine='continuous'."
+      )
     with self._locked():
       self._build(resume, algorithm, task, rewards, teacher)
 
@@ -318,6 +334,12 @@ class Trainer:
     self.prompt_sampler = _from_config(
       "sampler.prompts", self.prompt_sampler.prepare, self.task.train
     )
+    self.groups_state = None
+    if self.groups is not None:
+      self.groups = _from_config(
+        "sampler.groups", self.groups.prepare, self.task
+      )
+      self.groups_state = self.groups.init()
     self.prompt_state = self.prompt_sampler.init(
       len(self.task.train), c.train.seed
     )
@@ -363,6 +385,7 @@ class Trainer:
       temperature=c.sampler.temperature,
       schedule=c.model.logprob_schedule,
       value_eps=c.algorithm.value_eps,
+      prefix_grouper=c.model.prefix_grouper,
     )
     self._update = jax.jit(
       functools.partial(update, self.models, self.algorithm, self.spec),
@@ -461,6 +484,8 @@ class Trainer:
       )
     metadata = restored.metadata or {}
     self.state = restored.state
+    if metadata.get("groups_state") is not None:
+      self.groups_state = metadata["groups_state"]
     if "prompt_state" in metadata:
       self.prompt_state = metadata["prompt_state"]
     else:  # saved before prompt samplers: grain's batch position
@@ -495,6 +520,7 @@ class Trainer:
       metadata={
         "config": _config_json(self.config),
         "prompt_state": self.prompt_state,
+        "groups_state": self.groups_state,
         "skipped_updates": self.skipped_updates,
       },
       force=force,
@@ -584,12 +610,32 @@ class Trainer:
       )
     ids = chosen.prompt_ids[self.rows]
     examples = [self.task.train[int(i)] for i in ids]
-    return list(ids), examples, counts, chosen.settings or {}
+    return list(ids), examples, counts, chosen.settings or {}, chosen
 
   def _train_sample(self, prompts, key):
-    ids, examples, counts, settings = prompts
+    ids, examples, counts, settings, chosen = prompts
     s = self.config.sampler
     g = self.prompt_sampler.max_samples
+    if self.groups is not None:
+      scored, self.groups_state = _groups.sample_groups(
+        self.groups,
+        self.groups_state,
+        engine=self._engine(False, s.top_k, s.top_p),
+        model=self.policy(),
+        tokenizer=self.tokenizer,
+        task=self.task,
+        prompt_ids=chosen.prompt_ids,
+        counts=counts,
+        key=key,
+        step=self._step,
+        prompt_width=self.config.task.max_prompt_tokens,
+        chat=self.config.model.chat_template,
+        max_new_tokens=settings.get("max_new_tokens", s.max_new_tokens),
+        width=s.max_new_tokens,
+        temperature=s.temperature,
+        mesh=self.mesh,
+      )
+      return scored
     # Every rollout has G = the sampler's max_samples (one compiled update).
     sizes = {} if s.engine == "static" else {"group_size": g}
     return self._sample(
@@ -653,6 +699,12 @@ class Trainer:
     )
     if self.annotate is not None:
       batch = batch._replace(extra=_rollout.annotations(self.annotate, scored))
+    if scored.streams_PG is not None:
+      streams = np.asarray(scored.streams_PG)
+      batch = batch.with_extra(
+        stream_PG=streams,
+        from_stream_PG=(streams == rollouts.EXPLORE).astype(np.float32),
+      )
     return self._global(batch)
 
   def _fill(self, prompts, key):
@@ -716,6 +768,7 @@ class Trainer:
     width = self.config.sampler.max_new_tokens
     temperature = self.config.sampler.temperature
     schedule = self.config.model.logprob_schedule
+    grouper = self.config.model.prefix_grouper
     t = self.config.train
     # On-policy (one optimizer step per batch) the loss's own detached
     # log-probs are the behaviour policy's; a forward pass computes them
@@ -735,6 +788,7 @@ class Trainer:
         width=width,
         temperature=temperature,
         schedule=schedule,
+        prefix_grouper=grouper,
       )
       weights = {
         "policy": (models.policy, state.policy.params),
@@ -743,7 +797,14 @@ class Trainer:
       }
       # The stages' own passes (`rljax.Rescore`), into Batch.extra.
       extra = {
-        r.name: rescore(r, *weights[r.model], seqs, width, schedule=schedule)
+        r.name: rescore(
+          r,
+          *weights[r.model],
+          seqs,
+          width,
+          schedule=schedule,
+          prefix_grouper=grouper,
+        )
         for r in rescores
       }
       if old_needed or needs["old_entropy_PGT"]:

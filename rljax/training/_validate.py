@@ -103,12 +103,9 @@ def _task(t) -> None:
 
 
 def _sampler(s) -> None:
-  _int(
-    "sampler.num_samples",
-    s.num_samples,
-    2,
-    "Group advantages need at least 2 samples per prompt.",
-  )
+  # 1 is the single stream (preset "spo"); group advantages refuse G = 1
+  # themselves, naming this field, when the batch is traced.
+  _int("sampler.num_samples", s.num_samples, 1)
   _int("sampler.max_new_tokens", s.max_new_tokens, 1)
   _positive(
     "sampler.temperature",

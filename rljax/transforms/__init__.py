@@ -13,6 +13,8 @@ from rljax.transforms._advantages import reinforce_pp_baseline_advantages
 from rljax.transforms._advantages import remax_advantages
 from rljax.transforms._advantages import sequence_rewards
 from rljax.transforms._advantages import token_rewards
+from rljax.transforms._allocation import xrpo_novelty_advantages
+from rljax.transforms._allocation import xrpo_novelty_bonus
 from rljax.transforms._bounds import dcpo_sas_advantages
 from rljax.transforms._bounds import etr_bounds
 from rljax.transforms._bounds import hapo_entropy_scores
@@ -50,6 +52,9 @@ from rljax.transforms._selection import informative_groups
 from rljax.transforms._selection import kept_groups
 from rljax.transforms._selection import mask_truncated
 from rljax.transforms._selection import reward_range_filter
+from rljax.transforms._single_stream import single_stream_advantages
+from rljax.transforms._single_stream import single_stream_rho
+from rljax.transforms._single_stream import single_stream_zscore
 from rljax.transforms._stateful import budget_length_reward
 from rljax.transforms._stateful import budget_schedule
 from rljax.transforms._stateful import bundle_scores
@@ -59,6 +64,10 @@ from rljax.transforms._stateful import length_budget_curriculum
 from rljax.transforms._stateful import mvar_advantages
 from rljax.transforms._stateful import riskpo_advantages
 from rljax.transforms._stateful import track_quantiles
+from rljax.transforms._streams import StepState
+from rljax.transforms._streams import icpo_bonus
+from rljax.transforms._streams import icpo_expert_bonus
+from rljax.transforms._streams import stream_weights
 from rljax.transforms._teacher import AepoState
 from rljax.transforms._teacher import aepo_stream_advantages
 from rljax.transforms._teacher import aepo_stream_targets
@@ -111,7 +120,11 @@ __all__ = [
   "ares_entropy_shaping",
   "arm_advantages",
   "aspo_shaping",
+  "StepState",
   "budget_length_reward",
+  "icpo_bonus",
+  "icpo_expert_bonus",
+  "stream_weights",
   "budget_schedule",
   "bundle_scores",
   "calibrated_rewards",
@@ -174,6 +187,9 @@ __all__ = [
   "sequence_masked_tis",
   "sequence_rewards",
   "sequence_tis",
+  "single_stream_advantages",
+  "single_stream_rho",
+  "single_stream_zscore",
   "soft_advantages",
   "spo_win_rates",
   "stop_properly_penalty",
@@ -190,4 +206,6 @@ __all__ = [
   "vcpo_sequence_weights",
   "weighted_rewards",
   "win_rate_rewards",
+  "xrpo_novelty_advantages",
+  "xrpo_novelty_bonus",
 ]

@@ -40,18 +40,37 @@ def _per_token(batch: Batch, adv_PG: jax.Array) -> Batch:
   return batch._replace(advantages_PGT=adv_PG[..., None] * batch.loss_mask())
 
 
+def _need_group(batch: Batch, by: str) -> None:
+  """A group baseline needs G >= 2; say so before an estimator divides by
+  G - 1 or takes the std of one sample."""
+  if batch.shape[1] < 2:
+    raise ValueError(
+      f"{by} computes a group baseline and needs at least 2 samples per"
+      f" prompt; this batch has G = {batch.shape[1]}. Set"
+      " sampler.num_samples >= 2, or train on a single stream with the"
+      " preset 'spo' (transforms.single_stream_advantages: a per-prompt"
+      " tracker baseline for sampler.num_samples=1)."
+    )
+
+
 def group_advantages(
   estimator: Callable[..., jax.Array], **kwargs
 ) -> Transform:
   """Any estimator ``f(rewards_PG, sample_mask_PG, **kwargs) -> adv_PG``.
 
   Covers grpo, dr_grpo, batch_std, rloo, gpg, pass_at_k and user estimators.
+  A batch of one sample per prompt (G = 1) raises a ValueError naming
+  ``sampler.num_samples`` and the single-stream preset ``spo``; wrap an
+  estimator that needs no group in `rljax.stateless_prepare` instead.
 
   Example:
     >>> t = group_advantages(rljax.advantages.grpo, eps=1e-4)  # doctest: +SKIP
   """
 
+  by = f"group_advantages({getattr(estimator, '__name__', estimator)})"
+
   def fn(batch: Batch) -> Batch:
+    _need_group(batch, by)
     adv = estimator(sequence_rewards(batch), batch.samples(), **kwargs)
     return _per_token(batch, adv)
 
@@ -62,6 +81,7 @@ def opo_advantages() -> Transform:
   """OPO: baseline = length-weighted group mean of the rewards (verl `opo`)."""
 
   def fn(batch: Batch) -> Batch:
+    _need_group(batch, "opo_advantages")
     lengths = stats.sequence_lengths(batch.mask_PGT)
     adv = advantages.opo(sequence_rewards(batch), lengths, batch.samples())
     return _per_token(batch, adv)
@@ -87,6 +107,7 @@ def gdpo_advantages(weights=None, *, eps: float = 1e-4) -> Transform:
 
   def fn(batch: Batch) -> Batch:
     batch.require("rewards_PGK", by="gdpo_advantages")
+    _need_group(batch, "gdpo_advantages")
     adv = advantages.gdpo(
       batch.rewards_PGK, batch.samples(), weights=weights, eps=eps
     )
@@ -111,6 +132,7 @@ def reinforce_pp_baseline_advantages() -> Transform:
   """REINFORCE++-baseline: group mean subtracted, then batch whitening."""
 
   def fn(batch: Batch) -> Batch:
+    _need_group(batch, "reinforce_pp_baseline_advantages")
     adv = advantages.reinforce_pp_baseline(
       sequence_rewards(batch), batch.loss_mask(), batch.samples()
     )

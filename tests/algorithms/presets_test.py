@@ -29,8 +29,9 @@ def _get(name):
 def _batch(seed, prompts=4):
   """A random batch with the side data presets may read, as a run's
   `Trainer(annotate=...)` writes it: answer-cluster ids (EMPO, COPO,
-  SEED-GRPO), the first tool call's position (ASPO; -1 = none) and the
-  number of tool calls (HDPO)."""
+  SEED-GRPO), the first tool call's position (ASPO; -1 = none), the
+  number of tool calls (HDPO), and each sample's stream as the Trainer
+  writes it for a group strategy (ICPO, AEPO)."""
   batch = testing.random_batch(seed, prompts=prompts)
   rng = np.random.default_rng(seed)
   pg = batch.shape[:2]
@@ -38,6 +39,12 @@ def _batch(seed, prompts=4):
     answer_ids_PG=rng.integers(0, 3, pg),
     tool_position_PG=rng.integers(-1, 5, pg),
     tool_calls_PG=rng.integers(0, 3, pg),
+    stream_PG=np.tile([0, 0, 1, 4], pg[1] // 4 + 1)[None, : pg[1]].repeat(
+      pg[0], 0
+    ),
+    from_stream_PG=np.tile([0.0, 0, 0, 1], pg[1] // 4 + 1)[
+      None, : pg[1]
+    ].repeat(pg[0], 0),
   )
 
 

@@ -7,7 +7,10 @@ import re
 import pytest
 
 import rljax
+from rljax import models  # noqa: F401 (rljax.models by attribute)
 from rljax import rewards  # noqa: F401 (rljax.rewards by attribute)
+from rljax import rollouts  # noqa: F401 (rljax.rollouts by attribute)
+from rljax import selection  # noqa: F401 (rljax.selection by attribute)
 
 PAPERS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "papers.md"
 

@@ -4,10 +4,15 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from rljax import algorithms
+from rljax import rollouts
+from rljax import selection
+from rljax import testing
 from rljax.training import RunConfig
+from rljax.training import Trainer
 from rljax.training import load_config
 from rljax.training import override
 
@@ -51,8 +56,25 @@ def test_bad_overrides_name_the_field(item, match):
     override(RunConfig(), [item])
 
 
+# Configs of the seed papers' mechanisms that are not presets of their own:
+# a prompt sampler (sampler.prompts) or a group strategy (sampler.groups).
+MECHANISM_CONFIGS = {
+  "knapsack": "grpo",
+  "gvm": "grpo",
+  "vas": "grpo",
+  "xrpo": "grpo",
+  "v0": "grpo",
+  "vspo": "grpo",
+  "cascade_rl": "grpo",
+  "scaf_grpo": "grpo",
+  "ghpo": "grpo",
+  "arpo_replay": "grpo",
+}
+
+
 def test_one_config_per_preset():
-  assert set(PRESET_CONFIGS) - {"smollm2_grpo"} == {
+  presets = set(PRESET_CONFIGS) - {"smollm2_grpo"} - set(MECHANISM_CONFIGS)
+  assert presets == {
     "grpo",
     "dapo",
     "dr_grpo",
@@ -64,12 +86,39 @@ def test_one_config_per_preset():
     "rloo",
     "reinforce_pp",
     "remax",
+    "spo",
+    "icpo",
+    "aepo_arbitrary",
   }
   for name in PRESET_CONFIGS:
     config = load_config(CONFIGS / f"{name}.py")
-    assert config.algorithm.name == name.removeprefix("smollm2_")
-    # valid hyperparameters
+    want = MECHANISM_CONFIGS.get(name, name.removeprefix("smollm2_"))
+    assert config.algorithm.name == want
+    # valid hyperparameters, prompt sampler and group strategy
     algorithms.get(config.algorithm.name, **config.algorithm.kwargs)
+    selection.get(
+      config.sampler.prompts,
+      **{"num_samples": config.sampler.num_samples}
+      | config.sampler.prompts_kwargs,
+    )
+    if config.sampler.groups is not None:
+      rollouts.get(config.sampler.groups, **config.sampler.groups_kwargs)
+
+
+# The seed mechanisms' configs beyond the original presets, two steps each.
+NEW_CONFIGS = sorted(set(MECHANISM_CONFIGS) | {"spo", "icpo", "aepo_arbitrary"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NEW_CONFIGS)
+def test_every_mechanism_config_runs_two_steps(tmp_path, name):
+  extra = ("sampler.num_samples=1",) if name == "spo" else ()
+  config = testing.tiny_run_config(
+    CONFIGS / f"{name}.py", tmp_path, "train.steps=2", *extra
+  )
+  out = Trainer(config).run()
+  assert len(out["history"]) == 2
+  assert all(np.isfinite(h["loss"]) for h in out["history"])
 
 
 def test_load_config_errors(tmp_path):

@@ -104,7 +104,7 @@ def _params(trainer):
     ("train.mesh=(0, 1, 1)", "train.mesh=(0, 1, 1)"),
     ("train.mesh=(-1, -1, 1)", "train.mesh=(-1, -1, 1)"),
     ("train.nonfinite=ignore", "train.nonfinite='ignore'"),
-    ("sampler.num_samples=1", "at least 2 samples per prompt"),
+    ("sampler.num_samples=0", "sampler.num_samples=0: must be >= 1"),
     ("sampler.temperature=0.0", "sampler.temperature=0.0: must be > 0"),
     ("sampler.top_p=1.5", "sampler.top_p=1.5: must be in (0.0, 1.0]"),
     ("sampler.top_k=0", "sampler.top_k=0: must be >= 1"),

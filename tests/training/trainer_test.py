@@ -37,7 +37,7 @@ def test_indivisible_batch_fails_before_anything_is_built(tmp_path):
 @pytest.mark.parametrize(
   "item,match",
   [
-    ("sampler.num_samples=1", "at least 2 samples per prompt"),
+    ("sampler.num_samples=0", "sampler.num_samples=0: must be >= 1"),
     ("train.minibatches=3", "multiple of train.minibatches=3"),
     ("model.source=llama", "model.source='llama': must be one of"),
     ("output.directory=gs://b/run", "output.checkpoint_directory=gs://"),

@@ -1,0 +1,26 @@
+"""GHPO on 2-digit addition (see _arithmetic.py).
+
+GRPO with GHPO's adaptive guidance (arXiv 2507.10628, `rljax.rollouts.
+SolutionHints`): a group whose samples all fail is regenerated with the
+first 25%, then 50%, then 75% of the solution (here the answer's digits)
+appended to the prompt, and trained on the hinted prompt.
+
+python -m rljax.training --config configs/ghpo.py [train.steps=100 ...]
+"""
+
+import dataclasses
+
+from _arithmetic import base
+
+
+def get_config():
+  config = base("grpo")
+  return dataclasses.replace(
+    config,
+    task=dataclasses.replace(config.task, max_prompt_tokens=10),
+    sampler=dataclasses.replace(
+      config.sampler,
+      groups="solution_hints",
+      groups_kwargs={"solution": "answer", "template": "{prompt}{hint}"},
+    ),
+  )

@@ -1,0 +1,26 @@
+"""V0-style budget scheduling on 2-digit addition (see _arithmetic.py).
+
+GRPO whose prompts are screened by a predicted success rate before
+rollout (arXiv 2602.03584, `rljax.selection.V0`; the predictor here is
+each prompt's Beta posterior, not the paper's trained value model):
+predicted all-pass or all-fail prompts are skipped and the budget goes to
+high p(1 - p).
+
+python -m rljax.training --config configs/v0.py [train.steps=100 ...]
+"""
+
+import dataclasses
+
+from _arithmetic import base
+
+
+def get_config():
+  config = base("grpo")
+  return dataclasses.replace(
+    config,
+    sampler=dataclasses.replace(
+      config.sampler,
+      prompts="v0",
+      prompts_kwargs={"max_samples_per_prompt": 32, "pool": 2},
+    ),
+  )

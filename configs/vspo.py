@@ -1,0 +1,24 @@
+"""VSPO's value-based prompt swapping on 2-digit addition (see
+_arithmetic.py).
+
+GRPO whose prompts that last gave a one-outcome group (zero advantage) are
+swapped for informative prompts of high task value (arXiv 2512.07478,
+`rljax.selection.VSPO`; the value metric is our reading, and the paper's
+value-smoothing clipping is not implemented).
+
+python -m rljax.training --config configs/vspo.py [train.steps=100 ...]
+"""
+
+import dataclasses
+
+from _arithmetic import base
+
+
+def get_config():
+  config = base("grpo")
+  return dataclasses.replace(
+    config,
+    sampler=dataclasses.replace(
+      config.sampler, prompts="vspo", prompts_kwargs={"difficulty": 1.0}
+    ),
+  )

@@ -1,0 +1,241 @@
+"""Group strategies: how the samples of a step's groups are produced.
+
+By default a group is G samples of its prompt at the run's temperature. A
+`GroupStrategy` changes that in two places: `plan` gives each sample of a
+group its own recipe before sampling (a `Member`: another prompt to sample
+from, the prompt the update conditions on, a temperature, or a given
+completion instead of a sampled one), and `revise` looks at the scored
+groups and asks for replacements (hints for groups that all failed, a
+stored success), round after round until it asks for none. The trainer
+samples each round with the rollout engine, scores the new samples and
+writes them into the batch; which recipe made each sample reaches the
+algorithm as ``Batch.extra["stream_PG"]`` (the members' ``stream``).
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from rljax import sampling
+from rljax.sampling import Rollout
+
+State = dict[str, Any]  # JSON values and numpy arrays (checkpointed)
+
+
+class Member(NamedTuple):
+  """The recipe of one sample of a group.
+
+  Attributes:
+    prompt: the text to sample from; None: the task's prompt.
+    train_prompt: the text the update conditions on; None: `prompt`. A
+      sample drawn from a prompt with privileged context (a hint, a policy
+      document, demonstrations) and trained on the plain prompt is
+      off-policy: its ``rollout_logp_PGT`` is the sampler's, under the
+      privileged prompt.
+    completion: a given completion text instead of a sampled one (a ground
+      truth, a stored success); its tokens get ``rollout_logp_PGT`` 0
+      (behaviour probability 1: the sampler did not draw them).
+    temperature: the sampling temperature; None: the run's.
+    stream: an int tag of the recipe (``Batch.extra["stream_PG"]``).
+    only_if_correct: a replacement (`GroupStrategy.revise`) that enters the
+      group only if it is correct; otherwise the sample it would replace
+      stays.
+  """
+
+  prompt: Optional[str] = None
+  train_prompt: Optional[str] = None
+  completion: Optional[str] = None
+  temperature: Optional[float] = None
+  stream: int = 0
+  only_if_correct: bool = False
+
+
+class Group(NamedTuple):
+  """A group as `GroupStrategy.plan` and `revise` see it."""
+
+  example: Mapping[str, Any]  # the task example
+  prompt: str  # the task's prompt text for it
+  prompt_id: int  # its index in the training set
+  num_samples: int  # the samples it gets (the prompt sampler's count)
+
+
+class Scores(NamedTuple):
+  """The scored samples of every group (the whole global batch) for
+  `GroupStrategy.revise` and `update`; samples past a group's count are
+  invalid and hold zeros."""
+
+  rewards: np.ndarray  # float32 [P, G] total reward
+  correct: np.ndarray  # bool [P, G] the task's first reward > 0
+  valid: np.ndarray  # bool [P, G]
+  members: list[list[Member]]  # [P][G] the recipe of each sample
+  completions: list[list[str]]  # [P][G] decoded completion texts
+  # [P, G] the sampled tokens' mean -log p under the full distribution at
+  # their temperature: an unbiased estimate of the sample's mean token
+  # entropy under its sampling distribution (0 for given completions)
+  surprise: np.ndarray
+
+
+class GroupStrategy:
+  """Builds the samples of each group (see the module docstring).
+
+  A strategy is a function of its state, like a prompt sampler: `init`
+  makes the state, `update` learns from each step's final groups, and the
+  trainer checkpoints it (JSON values and numpy arrays) and calls the
+  methods with the same global batch on every process, so their results
+  must be deterministic (randomness from the state or the step).
+  """
+
+  #: the most rounds of `revise` per step
+  max_rounds: int = 1
+
+  def prepare(self, task) -> "GroupStrategy":
+    """This strategy bound to the run's `rljax.tasks.Task` (for strategies
+    that draw on the training set); the trainer calls it once. Default:
+    itself."""
+    del task
+    return self
+
+  def init(self) -> State:
+    """The state before the first step (default: empty)."""
+    return {}
+
+  def plan(self, group: Group, step: int, state: State) -> list[Member]:
+    """The members of `group` (``group.num_samples`` of them) before any
+    sampling. Default: plain samples."""
+    del step, state
+    return [Member()] * group.num_samples
+
+  def revise(
+    self,
+    groups: Sequence[Group],
+    scores: Scores,
+    step: int,
+    round_: int,
+    state: State,
+  ) -> dict[tuple[int, int], Member]:
+    """Replacements after scoring round `round_` (0 = the planned samples):
+    ``{(p, g): Member}`` resamples sample g of group p with the member's
+    recipe. Default: none."""
+    del groups, scores, step, round_, state
+    return {}
+
+  def update(
+    self, groups: Sequence[Group], scores: Scores, step: int, state: State
+  ) -> State:
+    """The state after the step's final groups (default: unchanged)."""
+    del groups, scores, step
+    return state
+
+
+def sample_members(
+  engine: sampling.Engine,
+  model,
+  encode,
+  members: Sequence[Sequence[Optional[Member]]],
+  prompts: Sequence[str],
+  *,
+  key: jax.Array,
+  max_new_tokens: int,
+  width: int,
+  temperature: float,
+  encode_completion,
+) -> Rollout:
+  """A [P, G] `Rollout` of the given members (None: an empty sample).
+
+  `encode(texts) -> (tokens [n, S], mask [n, S])` left-pads prompt texts;
+  `encode_completion(text) -> ids` tokenizes a given completion (with its
+  stop token). Members of group p that sample from the same prompt share
+  its cache (one `Engine.add`, a temperature per sample); sample (p, g) of
+  a sampled member draws with key ``fold_in(fold_in(key, p), k)``'s
+  children, k counting the group's distinct sampling prompts. Prompt
+  tokens are each sample's ``train_prompt``.
+  """
+  p, g = len(members), max(len(m) for m in members)
+  members = [list(row) + [None] * (g - len(row)) for row in members]
+  sample_text = [
+    [None if m is None else (m.prompt or prompts[i]) for m in row]
+    for i, row in enumerate(members)
+  ]
+  train_text = [
+    [
+      prompts[i] if m is None else (m.train_prompt or m.prompt or prompts[i])
+      for m in row
+    ]
+    for i, row in enumerate(members)
+  ]
+  texts = sorted({t for row in sample_text + train_text for t in row if t})
+  tokens_nS, mask_nS = encode(texts)
+  index = {t: j for j, t in enumerate(texts)}
+  out = {
+    "tokens": np.zeros((p, g, width), np.int32),
+    "mask": np.zeros((p, g, width), np.int32),
+    "logp": np.zeros((p, g, width), np.float32),
+    "full_logp": np.zeros((p, g, width), np.float32),
+  }
+  truncated = np.zeros((p, g), bool)
+  present = np.zeros((p, g), np.int32)
+  requests = []
+  for i, row in enumerate(members):
+    key_i = jax.random.fold_in(key, i)
+    by_prompt: dict[str, list[int]] = {}
+    for j, m in enumerate(row):
+      if m is None:
+        continue
+      present[i, j] = 1
+      if m.completion is not None:
+        ids = list(encode_completion(m.completion))[:width]
+        out["tokens"][i, j, : len(ids)] = ids
+        out["mask"][i, j, : len(ids)] = 1
+        continue
+      by_prompt.setdefault(sample_text[i][j], []).append(j)
+    for k, (text, slots) in enumerate(sorted(by_prompt.items())):
+      row_tokens = tokens_nS[index[text]][mask_nS[index[text]] > 0]
+      temps = [
+        temperature if row[j].temperature is None else row[j].temperature
+        for j in slots
+      ]
+      seqs = engine.add(
+        row_tokens,
+        key=jax.random.fold_in(key_i, k),
+        max_new_tokens=max_new_tokens,
+        num_samples=len(slots),
+        temperature=temps,
+        shard=i * engine.shards // p,
+      )
+      requests += [(i, j, s) for j, s in zip(slots, seqs)]
+  engine.run(model)
+  for i, j, seq in requests:
+    n = len(seq.completion)
+    out["tokens"][i, j, :n] = seq.completion
+    out["mask"][i, j, :n] = 1
+    out["logp"][i, j, :n] = seq.logp
+    out["full_logp"][i, j, :n] = seq.full_logp
+    reason = sampling.REASONS[seq.stop_reason]
+    truncated[i, j] = reason not in ("stop_id", "stop_rule")
+  rows = np.asarray([[index[t] for t in row] for row in train_text])
+  return Rollout(
+    prompt_tokens_PGS=tokens_nS[rows],
+    prompt_mask_PGS=mask_nS[rows],
+    tokens_PGT=out["tokens"],
+    mask_PGT=out["mask"],
+    logp_PGT=out["logp"],
+    truncated_PG=truncated,
+    group_ids_PG=np.broadcast_to(np.arange(p, dtype=np.int32)[:, None], (p, g)),
+    full_logp_PGT=out["full_logp"],
+    sample_mask_PG=present,
+  )
+
+
+def splice(rollout: Rollout, new: Rollout, slots) -> Rollout:
+  """`rollout` with samples `slots` ((p, g) pairs) taken from `new`."""
+  if not slots:
+    return rollout
+  fields = {}
+  for f in Rollout._fields:
+    a, b = np.array(getattr(rollout, f)), np.asarray(getattr(new, f))
+    for i, j in slots:
+      a[i, j] = b[i, j]
+    fields[f] = a
+  return Rollout(**fields)

@@ -1,0 +1,159 @@
+"""A step's rollout built by a `rljax.rollouts.GroupStrategy`.
+
+Every process runs the strategy on the whole global batch (the engine
+samples the global batch on every process anyway), scores it, and keeps
+its own rows, so the strategy's decisions and state agree across hosts.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from rljax import rollouts
+from rljax._src.errors import UserError
+from rljax.training import _hosts
+from rljax.training import _rollout
+
+
+def sample_groups(
+  strategy: rollouts.GroupStrategy,
+  state: rollouts.State,
+  *,
+  engine,
+  model,
+  tokenizer,
+  task,
+  prompt_ids: Sequence[int],
+  counts: np.ndarray,
+  key: jax.Array,
+  step: int,
+  prompt_width: int,
+  chat: bool,
+  max_new_tokens: int,
+  width: int,
+  temperature: float,
+  mesh=None,
+):
+  """(this process's `Scored` rows, the strategy's new state)."""
+  examples = [task.train[int(i)] for i in prompt_ids]
+  prompts = [task.format_prompt(e) for e in examples]
+  groups = [
+    rollouts.Group(e, t, int(i), int(n))
+    for e, t, i, n in zip(examples, prompts, prompt_ids, counts)
+  ]
+  g = int(np.max(counts)) if len(counts) else 0
+  members = []
+  for group in groups:
+    planned = list(strategy.plan(group, step, state))
+    if len(planned) != group.num_samples or not all(
+      isinstance(m, rollouts.Member) for m in planned
+    ):
+      raise UserError(
+        f"{type(strategy).__name__}.plan returned {len(planned)} members for"
+        f" a group of {group.num_samples} samples; it must return that many"
+        " rollouts.Member."
+      )
+    members.append(planned + [None] * (g - len(planned)))
+
+  def encode(texts):
+    try:
+      return _rollout.encode_prompts(tokenizer, texts, prompt_width, chat=chat)
+    except ValueError as e:
+      raise UserError(
+        f"a prompt of {type(strategy).__name__} cannot be encoded: {e} A"
+        " hinted or augmented prompt longer than"
+        f" task.max_prompt_tokens={prompt_width} needs a larger one."
+      ) from e
+
+  def encode_completion(text):
+    ids = tokenizer.encode(text, add_bos=False)
+    return list(ids) + list(tokenizer.stop_ids[:1])
+
+  def sample(members, round_key):
+    out = rollouts.sample_members(
+      engine,
+      model,
+      encode,
+      members,
+      prompts,
+      key=round_key,
+      max_new_tokens=max_new_tokens,
+      width=width,
+      temperature=temperature,
+      encode_completion=encode_completion,
+    )
+    engine.close()
+    return out
+
+  def score(rollout):
+    streams = np.asarray(
+      [[0 if m is None else m.stream for m in row] for row in members],
+      np.int32,
+    )
+    return _rollout.score_rollout(
+      rollout,
+      tokenizer,
+      task,
+      examples,
+      prompts,
+      prompt_ids=prompt_ids,
+      streams=streams,
+    )
+
+  rollout = sample(members, jax.random.fold_in(key, 0))
+  scored = score(rollout)
+  for round_ in range(strategy.max_rounds):
+    wanted = strategy.revise(
+      groups, _scores(scored, members), step, round_, state
+    )
+    if not wanted:
+      break
+    for i, j in wanted:
+      if not (0 <= i < len(groups) and 0 <= j < groups[i].num_samples):
+        raise UserError(
+          f"{type(strategy).__name__}.revise asked for sample ({i}, {j}),"
+          " outside the batch's groups and their sample counts."
+        )
+    new = sample(
+      [[wanted.get((i, j)) for j in range(g)] for i in range(len(groups))],
+      jax.random.fold_in(key, round_ + 1),
+    )
+    before = rollout
+    rollout = rollouts.splice(rollout, new, list(wanted))
+    old_members = [list(row) for row in members]
+    for (i, j), m in wanted.items():
+      members[i][j] = m
+    scored = score(rollout)
+    correct = _scores(scored, members).correct
+    undo = [
+      (i, j)
+      for (i, j), m in wanted.items()
+      if m.only_if_correct and not correct[i, j]
+    ]
+    if undo:  # failed conditional replacements: the samples they replaced
+      rollout = rollouts.splice(rollout, before, undo)
+      for i, j in undo:
+        members[i][j] = old_members[i][j]
+      scored = score(rollout)
+  state = strategy.update(groups, _scores(scored, members), step, state)
+  if mesh is not None:  # this process's rows
+    rows = _hosts.own_rows(mesh, len(groups))
+    scored = _rollout.take_groups([scored], np.arange(len(groups))[rows])
+  return scored, state
+
+
+def _scores(scored, members) -> rollouts.Scores:
+  r = scored.rollout
+  p, g, _ = r.tokens_PGT.shape
+  valid = np.asarray(r.sample_mask_PG) > 0
+  mask = np.asarray(r.mask_PGT, np.float32)
+  correct = np.asarray(scored.scores.values_NK)[:, 0].reshape(p, g) > 0
+  return rollouts.Scores(
+    rewards=np.where(valid, scored.rewards_PG, 0.0).astype(np.float32),
+    correct=correct & valid,
+    valid=valid,
+    members=[list(row) for row in members],
+    completions=[scored.completions[i * g : (i + 1) * g] for i in range(p)],
+    surprise=-np.sum(r.full_logp_PGT * mask, -1) / np.maximum(mask.sum(-1), 1),
+  )
