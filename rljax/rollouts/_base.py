@@ -42,6 +42,8 @@ class Member(NamedTuple):
     only_if_correct: a replacement (`GroupStrategy.revise`) that enters the
       group only if it is correct; otherwise the sample it would replace
       stays.
+    max_new_tokens: this sample's generation budget (at most the step's);
+      None: the step's.
   """
 
   prompt: Optional[str] = None
@@ -50,6 +52,7 @@ class Member(NamedTuple):
   temperature: Optional[float] = None
   stream: int = 0
   only_if_correct: bool = False
+  max_new_tokens: Optional[int] = None
 
 
 class Group(NamedTuple):
@@ -147,10 +150,11 @@ def sample_members(
   `encode(texts) -> (tokens [n, S], mask [n, S])` left-pads prompt texts;
   `encode_completion(text) -> ids` tokenizes a given completion (with its
   stop token). Members of group p that sample from the same prompt share
-  its cache (one `Engine.add`, a temperature per sample); sample (p, g) of
-  a sampled member draws with key ``fold_in(fold_in(key, p), k)``'s
-  children, k counting the group's distinct sampling prompts. Prompt
-  tokens are each sample's ``train_prompt``.
+  its cache (one `Engine.add` per prompt and budget, a temperature per
+  sample); sample (p, g) of a sampled member draws with key
+  ``fold_in(fold_in(key, p), k)``'s children, k counting the group's
+  distinct (sampling prompt, budget) pairs in sorted order. Prompt tokens
+  are each sample's ``train_prompt``.
   """
   p, g = len(members), max(len(m) for m in members)
   members = [list(row) + [None] * (g - len(row)) for row in members]
@@ -179,7 +183,7 @@ def sample_members(
   requests = []
   for i, row in enumerate(members):
     key_i = jax.random.fold_in(key, i)
-    by_prompt: dict[str, list[int]] = {}
+    by_prompt: dict[tuple, list[int]] = {}
     for j, m in enumerate(row):
       if m is None:
         continue
@@ -189,8 +193,9 @@ def sample_members(
         out["tokens"][i, j, : len(ids)] = ids
         out["mask"][i, j, : len(ids)] = 1
         continue
-      by_prompt.setdefault(sample_text[i][j], []).append(j)
-    for k, (text, slots) in enumerate(sorted(by_prompt.items())):
+      budget = min(m.max_new_tokens or max_new_tokens, max_new_tokens)
+      by_prompt.setdefault((sample_text[i][j], budget), []).append(j)
+    for k, ((text, budget), slots) in enumerate(sorted(by_prompt.items())):
       row_tokens = tokens_nS[index[text]][mask_nS[index[text]] > 0]
       temps = [
         temperature if row[j].temperature is None else row[j].temperature
@@ -199,7 +204,7 @@ def sample_members(
       seqs = engine.add(
         row_tokens,
         key=jax.random.fold_in(key_i, k),
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=budget,
         num_samples=len(slots),
         temperature=temps,
         shard=i * engine.shards // p,

@@ -66,7 +66,7 @@ def _sample(model, tokenizer, members, prompts, key=0):
 def test_members_are_sampled_as_asked(model, tokenizer):
   M = rollouts.Member
   members = [
-    [M(), M(), M(prompt="ab1+2=", train_prompt="1+2=", temperature=0.5)],
+    [M(), M(), M(prompt="ab1+2=", train_prompt="1+2=", temperature=3.0)],
     [M(completion="42"), M(), None],
   ]
   out = _sample(model, tokenizer, members, ["1+2=", "3+4="])
@@ -83,14 +83,15 @@ def test_members_are_sampled_as_asked(model, tokenizer):
   assert np.all(out.logp_PGT[1, 0] == 0)
   # A sampled member = the engine's own samples of that prompt: sample
   # (0, 2) is the only sample of its sampling prompt ("ab1+2=", the
-  # group's first distinct prompt in sorted order, key fold_in(k_0, 0)).
+  # group's second distinct (prompt, budget) in sorted order after
+  # "1+2=", so key fold_in(k_0, 1)), at its temperature.
   engine = _engine(model)
   k0 = jax.random.fold_in(jax.random.key(0), 0)
   [alone] = engine.add(
     tokenizer.encode("ab1+2="),
-    key=jax.random.fold_in(k0, 0),
+    key=jax.random.fold_in(k0, 1),
     max_new_tokens=5,
-    temperature=0.5,
+    temperature=3.0,
   )
   engine.run(model)
   n = len(alone.completion)
