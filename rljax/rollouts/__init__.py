@@ -31,6 +31,8 @@ from rljax.rollouts._strategies import TemperatureStream
 from rljax.rollouts._strategies import TieredHints
 from rljax.rollouts._strategies import get
 from rljax.rollouts._strategies import icpo_demonstrations
+from rljax.rollouts._trees import TreeRollouts
+from rljax.rollouts._trees import sample_trees
 
 __all__ = [
   "EXPLORE",
@@ -51,8 +53,10 @@ __all__ = [
   "State",
   "TemperatureStream",
   "TieredHints",
+  "TreeRollouts",
   "get",
   "icpo_demonstrations",
   "sample_members",
+  "sample_trees",
   "splice",
 ]

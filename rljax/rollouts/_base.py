@@ -104,6 +104,27 @@ class GroupStrategy:
     """The state before the first step (default: empty)."""
     return {}
 
+  def draw(
+    self,
+    engine,
+    model,
+    prompts: Sequence[Sequence[int]],
+    counts: np.ndarray,
+    *,
+    key: jax.Array,
+    max_new_tokens: int,
+    width: int,
+    temperature: float,
+  ) -> Optional[tuple[Rollout, dict[str, np.ndarray]]]:
+    """Sample the groups itself with the engine (trees of forks, ...):
+    the [P, G] `Rollout` of the unpadded prompt token lists `prompts`
+    (``counts`` samples each) and named side arrays for ``Batch.extra``
+    (``_PG`` layouts, e.g. a tree's ancestor ids); None (the default): the
+    groups are the members of `plan`."""
+    del engine, model, prompts, counts, key, max_new_tokens, width
+    del temperature
+    return None
+
   def plan(self, group: Group, step: int, state: State) -> list[Member]:
     """The members of `group` (``group.num_samples`` of them) before any
     sampling. Default: plain samples."""

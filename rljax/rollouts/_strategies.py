@@ -13,6 +13,7 @@ from rljax.rollouts._base import GroupStrategy
 from rljax.rollouts._base import Member
 from rljax.rollouts._base import Scores
 from rljax.rollouts._base import State
+from rljax.rollouts._trees import TreeRollouts
 
 #: Batch.extra["stream_PG"] values of the strategies below
 PLAIN, PRIVILEGED, HINTED, INJECTED, EXPLORE = range(5)
@@ -514,6 +515,7 @@ class ReplaySuccesses(GroupStrategy):
 
 STRATEGIES = {
   "privileged": PrivilegedContext,
+  "tree": TreeRollouts,
   "icpo_demos": InContextDemos,
   "temperature_stream": TemperatureStream,
   "tiered_hints": TieredHints,

@@ -99,9 +99,31 @@ def sample_groups(
       prompts,
       prompt_ids=prompt_ids,
       streams=streams,
+      extra=extra,
     )
 
-  rollout = sample(members, jax.random.fold_in(key, 0))
+  tokens_PS, mask_PS = encode(prompts)
+  drawn = strategy.draw(
+    engine,
+    model,
+    [row[m > 0].tolist() for row, m in zip(tokens_PS, mask_PS)],
+    np.asarray(counts),
+    key=jax.random.fold_in(key, 0),
+    max_new_tokens=max_new_tokens,
+    width=width,
+    temperature=temperature,
+  )
+  extra = {}
+  if drawn is None:
+    rollout = sample(members, jax.random.fold_in(key, 0))
+  else:
+    rollout, extra = drawn
+    engine.close()
+    shape = (len(groups), g, tokens_PS.shape[1])  # the run's prompt width
+    rollout = rollout._replace(
+      prompt_tokens_PGS=np.broadcast_to(tokens_PS[:, None], shape),
+      prompt_mask_PGS=np.broadcast_to(mask_PS[:, None], shape),
+    )
   scored = score(rollout)
   for round_ in range(strategy.max_rounds):
     wanted = strategy.revise(

@@ -30,6 +30,7 @@ class Scored(NamedTuple):
   rewards_PG: np.ndarray  # the weighted total, float32
   prompt_ids_P: Optional[np.ndarray] = None  # int32 dataset indices
   streams_PG: Optional[np.ndarray] = None  # int32 `rollouts.Member.stream`
+  extra: Optional[dict] = None  # a group strategy's side arrays (_PG...)
 
 
 def encode_prompts(
@@ -115,6 +116,7 @@ def score_rollout(
   *,
   prompt_ids: Optional[Sequence[int]] = None,
   streams: Optional[np.ndarray] = None,
+  extra: Optional[dict] = None,
 ) -> Scored:
   """Decode and score the valid samples of `rollout` (P = len(examples))."""
   p, g, t = rollout.tokens_PGT.shape
@@ -141,6 +143,7 @@ def score_rollout(
     if prompt_ids is None
     else np.asarray(prompt_ids, np.int32),
     streams_PG=streams,
+    extra=extra or None,
   )
 
 
@@ -217,6 +220,9 @@ def take_groups(scored: Sequence[Scored], order: np.ndarray) -> Scored:
     streams_PG=None
     if scored[0].streams_PG is None
     else cat([s.streams_PG for s in scored])[order],
+    extra=None
+    if not scored[0].extra
+    else {k: cat([s.extra[k] for s in scored])[order] for k in scored[0].extra},
   )
 
 

@@ -705,6 +705,8 @@ class Trainer:
         stream_PG=streams,
         from_stream_PG=(streams == rollouts.EXPLORE).astype(np.float32),
       )
+    if scored.extra:
+      batch = batch.with_extra(**scored.extra)
     return self._global(batch)
 
   def _fill(self, prompts, key):

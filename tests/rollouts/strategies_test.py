@@ -4,6 +4,7 @@ revisions by hand, and the trainer's rounds."""
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -315,3 +316,78 @@ def test_bad_strategies_are_named(tmp_path):
   )
   with pytest.raises(Exception, match="sampler.engine='continuous'"):
     Trainer(static, groups=rollouts.InjectAnswer())
+
+
+def test_tree_leaves_share_their_ancestors_segments(model):
+  engine = sampling.Engine(
+    model.config,
+    slots=4,
+    page_size=4,
+    segment=4,
+    max_length=24,
+    stop_ids=(3, 4, 5),  # frequent stops: some branches end early
+  )
+  prompts = [[7, 8, 9], [10, 11], [12, 13, 14, 15]]
+  out, tree = rollouts.sample_trees(
+    engine,
+    model,
+    prompts,
+    key=jax.random.key(1),
+    branching=(2, 2, 2),
+    segment=2,
+    max_new_tokens=8,
+    width=9,
+    temperature=1.5,
+  )
+  assert out.tokens_PGT.shape == (3, 8, 9) and tree.shape == (3, 8, 3)
+  for p in range(3):
+    n = int(out.sample_mask_PG[p].sum())
+    assert n >= 2 and np.all(out.sample_mask_PG[p, :n] == 1)
+    assert np.all(tree[p, n:] == -1)
+    for a in range(n):
+      length = int(out.mask_PGT[p, a].sum())
+      depth = int((tree[p, a] >= 0).sum())
+      # A leaf above the last depth ended with a stop id in its segment.
+      if depth < 3:
+        assert out.tokens_PGT[p, a, length - 1] in (3, 4, 5)
+      assert length <= 8
+      for b in range(a + 1, n):
+        shared = int(np.sum((tree[p, a] == tree[p, b]) & (tree[p, a] >= 0)))
+        # Leaves with d common ancestors share d segments (2 tokens each)
+        # and then differ in which node they are at depth d + 1.
+        k = 2 * shared
+        np.testing.assert_array_equal(
+          out.tokens_PGT[p, a, :k], out.tokens_PGT[p, b, :k]
+        )
+        assert shared < 3
+    # Each leaf's log-probs are the model's at its sampling temperature.
+    for a in range(n):
+      length = int(out.mask_PGT[p, a].sum())
+      seq = jnp.asarray(prompts[p] + out.tokens_PGT[p, a, :length].tolist())
+      logp, _ = models.token_logprobs(
+        model, seq[None], jnp.ones((1, len(seq))), temperature=1.5
+      )
+      np.testing.assert_allclose(
+        out.full_logp_PGT[p, a, :length],
+        np.asarray(logp[0, len(prompts[p]) :]),
+        atol=1e-4,
+      )
+  assert engine.pages_in_use() == 0  # every node released
+
+
+def test_trainer_samples_trees(tmp_path):
+  config = testing.tiny_run_config(CONFIG, tmp_path, "train.steps=1")
+  trainer = Trainer(
+    config, groups=rollouts.TreeRollouts(branching=(2, 2), segment=2)
+  )
+  trainer.step(0)
+  tree = trainer._last.extra["tree_PG"]
+  assert tree.shape == (8, 4, 2)
+  # Depth-1 ids: the first two leaves share one node, the last two another.
+  valid = trainer._last.rollout.sample_mask_PG > 0
+  assert np.all((tree[:, 0, 0] == tree[:, 1, 0])[valid[:, 1]])
+  with pytest.raises(ValueError, match="makes 8 leaves"):
+    Trainer(
+      testing.tiny_run_config(CONFIG, tmp_path / "b", "train.steps=1"),
+      groups=rollouts.TreeRollouts(branching=(2, 2, 2), segment=2),
+    ).step(0)
