@@ -5,6 +5,9 @@ supervised warm start, then RL. Stable settings from DESIGN.md section 8:
 learning rate 2e-4, global-norm clipping 1.0, 16 samples per prompt.
 """
 
+import dataclasses
+from typing import Optional
+
 from rljax.training import AlgorithmSpec
 from rljax.training import ModelSpec
 from rljax.training import OptimSpec
@@ -15,8 +18,27 @@ from rljax.training import TaskSpec
 from rljax.training import TrainSpec
 
 
-def base(algorithm: str, **kwargs) -> RunConfig:
-  """The arithmetic run with preset `algorithm` and its hyperparameters."""
+def base(
+  algorithm: str,
+  *,
+  sampler: Optional[dict] = None,
+  task: Optional[dict] = None,
+  train: Optional[dict] = None,
+  **kwargs,
+) -> RunConfig:
+  """The arithmetic run with preset `algorithm` and its hyperparameters;
+  `sampler`, `task` and `train` replace fields of those sections (a
+  prompt sampler, a group strategy, a wider prompt)."""
+  config = _base(algorithm, **kwargs)
+  return dataclasses.replace(
+    config,
+    sampler=dataclasses.replace(config.sampler, **(sampler or {})),
+    task=dataclasses.replace(config.task, **(task or {})),
+    train=dataclasses.replace(config.train, **(train or {})),
+  )
+
+
+def _base(algorithm: str, **kwargs) -> RunConfig:
   return RunConfig(
     model=ModelSpec(
       source="scratch",

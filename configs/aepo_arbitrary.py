@@ -9,18 +9,11 @@ the other 12 (preset `aepo_arbitrary`).
 python -m rljax.training --config configs/aepo_arbitrary.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("aepo_arbitrary")
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(
-      config.sampler,
-      groups="temperature_stream",
-      groups_kwargs={"num_extra": 4},
-    ),
+  return base(
+    "aepo_arbitrary",
+    sampler={"groups": "temperature_stream", "groups_kwargs": {"num_extra": 4}},
   )

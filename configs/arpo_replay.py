@@ -8,14 +8,8 @@ gets one in place of its first sample.
 python -m rljax.training --config configs/arpo_replay.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(config.sampler, groups="replay"),
-  )
+  return base("grpo", sampler={"groups": "replay"})

@@ -8,26 +8,22 @@ on one domain after the other with a `rljax.selection.Stages` schedule
 python -m rljax.training --config configs/cascade_rl.py [train.steps=150 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    task=dataclasses.replace(
-      config.task, kwargs={**config.task.kwargs, "operations": ("+", "-")}
-    ),
-    sampler=dataclasses.replace(
-      config.sampler,
-      prompts="stages",
-      prompts_kwargs={
+  return base(
+    "grpo",
+    task={
+      "kwargs": {"digits": 2, "prompt_style": "bare", "operations": ("+", "-")}
+    },
+    sampler={
+      "prompts": "stages",
+      "prompts_kwargs": {
         "stages": [
           {"steps": 75, "where": {"op": "+"}},
           {"where": {"op": "-"}},
         ]
       },
-    ),
+    },
   )

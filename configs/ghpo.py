@@ -8,19 +8,15 @@ appended to the prompt, and trained on the hinted prompt.
 python -m rljax.training --config configs/ghpo.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    task=dataclasses.replace(config.task, max_prompt_tokens=10),
-    sampler=dataclasses.replace(
-      config.sampler,
-      groups="solution_hints",
-      groups_kwargs={"solution": "answer", "template": "{prompt}{hint}"},
-    ),
+  return base(
+    "grpo",
+    task={"max_prompt_tokens": 10},
+    sampler={
+      "groups": "solution_hints",
+      "groups_kwargs": {"solution": "answer", "template": "{prompt}{hint}"},
+    },
   )

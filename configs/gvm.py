@@ -7,21 +7,17 @@ with G_i from the accepted answers' lengths.
 python -m rljax.training --config configs/gvm.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(
-      config.sampler,
-      prompts="gvm",
-      prompts_kwargs={
+  return base(
+    "grpo",
+    sampler={
+      "prompts": "gvm",
+      "prompts_kwargs": {
         "max_samples_per_prompt": 32,
         "gradient": "sqrt_length",
       },
-    ),
+    },
   )

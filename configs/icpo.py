@@ -10,19 +10,16 @@ from the prompt (the character vocabulary has no newline).
 python -m rljax.training --config configs/icpo.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("icpo", horizon=100)
-  return dataclasses.replace(
-    config,
-    task=dataclasses.replace(config.task, max_prompt_tokens=16),
-    sampler=dataclasses.replace(
-      config.sampler,
-      groups="icpo_demos",
-      groups_kwargs={"num_privileged": 2, "separator": "*"},
-    ),
+  return base(
+    "icpo",
+    horizon=100,
+    task={"max_prompt_tokens": 16},
+    sampler={
+      "groups": "icpo_demos",
+      "groups_kwargs": {"num_privileged": 2, "separator": "*"},
+    },
   )

@@ -7,18 +7,14 @@ its prompts to maximise the expected learning value, 2 to 32 per prompt.
 python -m rljax.training --config configs/knapsack.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(
-      config.sampler,
-      prompts="knapsack",
-      prompts_kwargs={"min_samples": 2, "max_samples_per_prompt": 32},
-    ),
+  return base(
+    "grpo",
+    sampler={
+      "prompts": "knapsack",
+      "prompts_kwargs": {"min_samples": 2, "max_samples_per_prompt": 32},
+    },
   )

@@ -10,23 +10,19 @@ knowledge and planning hints lists their example fields first.
 python -m rljax.training --config configs/scaf_grpo.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    task=dataclasses.replace(config.task, max_prompt_tokens=10),
-    sampler=dataclasses.replace(
-      config.sampler,
-      groups="tiered_hints",
-      groups_kwargs={
+  return base(
+    "grpo",
+    task={"max_prompt_tokens": 10},
+    sampler={
+      "groups": "tiered_hints",
+      "groups_kwargs": {
         "hints": ["answer"],
         "exempt_steps": 20,
         "template": "{prompt}{hint}=",
       },
-    ),
+    },
   )

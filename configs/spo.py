@@ -8,17 +8,13 @@ hold as many samples as the group configs' 16 prompts x 16.
 python -m rljax.training --config configs/spo.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("spo", num_prompts=10_000)  # the task's train_size
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(
-      config.sampler, num_samples=1, prompts="single_stream"
-    ),
-    train=dataclasses.replace(config.train, prompts_per_step=256),
+  return base(
+    "spo",
+    num_prompts=10_000,  # the task's train_size
+    sampler={"num_samples": 1, "prompts": "single_stream"},
+    train={"prompts_per_step": 256},
   )

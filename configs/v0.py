@@ -9,18 +9,14 @@ high p(1 - p).
 python -m rljax.training --config configs/v0.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(
-      config.sampler,
-      prompts="v0",
-      prompts_kwargs={"max_samples_per_prompt": 32, "pool": 2},
-    ),
+  return base(
+    "grpo",
+    sampler={
+      "prompts": "v0",
+      "prompts_kwargs": {"max_samples_per_prompt": 32, "pool": 2},
+    },
   )

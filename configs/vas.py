@@ -8,18 +8,14 @@ stream; the official code's defaults.
 python -m rljax.training --config configs/vas.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(
-      config.sampler,
-      prompts="vas",
-      prompts_kwargs={"mixture": 0.5, "update_every": 4},
-    ),
+  return base(
+    "grpo",
+    sampler={
+      "prompts": "vas",
+      "prompts_kwargs": {"mixture": 0.5, "update_every": 4},
+    },
   )

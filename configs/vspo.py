@@ -9,16 +9,11 @@ value-smoothing clipping is not implemented).
 python -m rljax.training --config configs/vspo.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(
-      config.sampler, prompts="vspo", prompts_kwargs={"difficulty": 1.0}
-    ),
+  return base(
+    "grpo",
+    sampler={"prompts": "vspo", "prompts_kwargs": {"difficulty": 1.0}},
   )

@@ -8,18 +8,14 @@ the GRPO advantages); its in-context seeding is not implemented.
 python -m rljax.training --config configs/xrpo.py [train.steps=100 ...]
 """
 
-import dataclasses
-
 from _arithmetic import base
 
 
 def get_config():
-  config = base("grpo")
-  return dataclasses.replace(
-    config,
-    sampler=dataclasses.replace(
-      config.sampler,
-      prompts="xrpo",
-      prompts_kwargs={"min_samples": 4, "max_samples_per_prompt": 32},
-    ),
+  return base(
+    "grpo",
+    sampler={
+      "prompts": "xrpo",
+      "prompts_kwargs": {"min_samples": 4, "max_samples_per_prompt": 32},
+    },
   )

@@ -193,14 +193,7 @@ def sample_members(
   texts = sorted({t for row in sample_text + train_text for t in row if t})
   tokens_nS, mask_nS = encode(texts)
   index = {t: j for j, t in enumerate(texts)}
-  out = {
-    "tokens": np.zeros((p, g, width), np.int32),
-    "mask": np.zeros((p, g, width), np.int32),
-    "logp": np.zeros((p, g, width), np.float32),
-    "full_logp": np.zeros((p, g, width), np.float32),
-  }
-  truncated = np.zeros((p, g), bool)
-  present = np.zeros((p, g), np.int32)
+  out = sampling.RolloutBuilder(p, g, width)
   requests = []
   for i, row in enumerate(members):
     key_i = jax.random.fold_in(key, i)
@@ -208,11 +201,8 @@ def sample_members(
     for j, m in enumerate(row):
       if m is None:
         continue
-      present[i, j] = 1
       if m.completion is not None:
-        ids = list(encode_completion(m.completion))[:width]
-        out["tokens"][i, j, : len(ids)] = ids
-        out["mask"][i, j, : len(ids)] = 1
+        out.put_tokens(i, j, encode_completion(m.completion))
         continue
       budget = min(m.max_new_tokens or max_new_tokens, max_new_tokens)
       by_prompt.setdefault((sample_text[i][j], budget), []).append(j)
@@ -233,25 +223,9 @@ def sample_members(
       requests += [(i, j, s) for j, s in zip(slots, seqs)]
   engine.run(model)
   for i, j, seq in requests:
-    n = len(seq.completion)
-    out["tokens"][i, j, :n] = seq.completion
-    out["mask"][i, j, :n] = 1
-    out["logp"][i, j, :n] = seq.logp
-    out["full_logp"][i, j, :n] = seq.full_logp
-    reason = sampling.REASONS[seq.stop_reason]
-    truncated[i, j] = reason not in ("stop_id", "stop_rule")
+    out.put(i, j, seq)
   rows = np.asarray([[index[t] for t in row] for row in train_text])
-  return Rollout(
-    prompt_tokens_PGS=tokens_nS[rows],
-    prompt_mask_PGS=mask_nS[rows],
-    tokens_PGT=out["tokens"],
-    mask_PGT=out["mask"],
-    logp_PGT=out["logp"],
-    truncated_PG=truncated,
-    group_ids_PG=np.broadcast_to(np.arange(p, dtype=np.int32)[:, None], (p, g)),
-    full_logp_PGT=out["full_logp"],
-    sample_mask_PG=present,
-  )
+  return out.rollout(tokens_nS[rows], mask_nS[rows])
 
 
 def splice(rollout: Rollout, new: Rollout, slots) -> Rollout:

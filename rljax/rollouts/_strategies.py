@@ -175,7 +175,11 @@ class TemperatureStream(GroupStrategy):
 
   The entropy is estimated from the on-policy samples of the step, as the
   mean over sampled tokens of -log p at the sampling temperature (an
-  unbiased estimate of the mean token entropy).
+  unbiased estimate of the mean token entropy). The stream's
+  ``rollout_logp_PGT`` are at its temperature while the update scores every
+  sample at the run's: importance corrections against the sampler
+  (``transforms.icepop``, ``token_tis``) would see the difference, so
+  AEPO's preset uses none.
 
   References:
     Arbitrary Entropy Policy Optimization (AEPO), arXiv 2510.08141

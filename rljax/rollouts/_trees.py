@@ -98,25 +98,12 @@ def sample_trees(
         counter[i] += 1
       engine.release(seq)
     level = children
-  out = {
-    "tokens": np.zeros((p, g, width), np.int32),
-    "mask": np.zeros((p, g, width), np.int32),
-    "logp": np.zeros((p, g, width), np.float32),
-    "full_logp": np.zeros((p, g, width), np.float32),
-  }
-  truncated = np.zeros((p, g), bool)
-  present = np.zeros((p, g), np.int32)
+  out = sampling.RolloutBuilder(p, g, width)
   tree = np.full((p, g, depth), -1, np.int32)
   for i, group in enumerate(leaves):
     group.sort(key=lambda leaf: leaf[0])  # depth-first order
     for j, (path, seq) in enumerate(group):
-      n = len(seq.completion)
-      out["tokens"][i, j, :n] = seq.completion
-      out["mask"][i, j, :n] = 1
-      out["logp"][i, j, :n] = seq.logp[:n]
-      out["full_logp"][i, j, :n] = seq.full_logp[:n]
-      truncated[i, j] = sampling.REASONS[seq.stop_reason] not in _ENDED
-      present[i, j] = 1
+      out.put(i, j, seq)
       tree[i, j, : len(path)] = path
   width_s = max(len(x) for x in prompts)
   tokens = np.zeros((p, width_s), np.int32)
@@ -124,16 +111,9 @@ def sample_trees(
   for i, prompt in enumerate(prompts):  # left-padded
     tokens[i, width_s - len(prompt) :] = prompt
     mask[i, width_s - len(prompt) :] = 1
-  rollout = Rollout(
-    prompt_tokens_PGS=np.broadcast_to(tokens[:, None], (p, g, width_s)),
-    prompt_mask_PGS=np.broadcast_to(mask[:, None], (p, g, width_s)),
-    tokens_PGT=out["tokens"],
-    mask_PGT=out["mask"],
-    logp_PGT=out["logp"],
-    truncated_PG=truncated,
-    group_ids_PG=np.broadcast_to(np.arange(p, dtype=np.int32)[:, None], (p, g)),
-    full_logp_PGT=out["full_logp"],
-    sample_mask_PG=present,
+  rollout = out.rollout(
+    np.broadcast_to(tokens[:, None], (p, g, width_s)),
+    np.broadcast_to(mask[:, None], (p, g, width_s)),
   )
   return rollout, tree
 

@@ -14,6 +14,7 @@ token included) and truncation flags. `process_logits` is the temperature
 
 from rljax.sampling._engine import REASONS
 from rljax.sampling._engine import Engine
+from rljax.sampling._engine import RolloutBuilder
 from rljax.sampling._engine import Sequence
 from rljax.sampling._engine import StepInfo
 from rljax.sampling._engine import rollout
@@ -26,6 +27,7 @@ __all__ = [
   "REASONS",
   "Engine",
   "Rollout",
+  "RolloutBuilder",
   "Sequence",
   "StepInfo",
   "generate",

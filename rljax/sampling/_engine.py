@@ -1082,29 +1082,59 @@ def rollout(
     for i, (row, m) in enumerate(zip(tokens, mask))
   ]
   engine.run(model)
-  out = {
-    "tokens": np.zeros((p, g, t), np.int32),
-    "mask": np.zeros((p, g, t), np.int32),
-    "logp": np.zeros((p, g, t), np.float32),
-    "full_logp": np.zeros((p, g, t), np.float32),
-  }
-  truncated = np.zeros((p, g), bool)
+  out = RolloutBuilder(p, g, t)
   for i, group in enumerate(groups):
     for j, seq in enumerate(group):
-      n = len(seq.completion)
-      out["tokens"][i, j, :n] = seq.completion
-      out["mask"][i, j, :n] = 1
-      out["logp"][i, j, :n] = seq.logp
-      out["full_logp"][i, j, :n] = seq.full_logp
-      truncated[i, j] = seq.stop_reason not in (STOP_ID, STOP_RULE)
-  return Rollout(
-    prompt_tokens_PGS=np.broadcast_to(tokens[:, None], (p, g, s)),
-    prompt_mask_PGS=np.broadcast_to(mask[:, None], (p, g, s)),
-    tokens_PGT=out["tokens"],
-    mask_PGT=out["mask"],
-    logp_PGT=out["logp"],
-    truncated_PG=truncated,
-    group_ids_PG=np.broadcast_to(np.arange(p, dtype=np.int32)[:, None], (p, g)),
-    full_logp_PGT=out["full_logp"],
-    sample_mask_PG=(np.arange(g)[None] < counts[:, None]).astype(np.int32),
+      out.put(i, j, seq)
+  return out.rollout(
+    np.broadcast_to(tokens[:, None], (p, g, s)),
+    np.broadcast_to(mask[:, None], (p, g, s)),
   )
+
+
+class RolloutBuilder:
+  """A [P, G, T] `Rollout` filled sample by sample from engine sequences
+  (or given tokens); samples never put are invalid (``sample_mask_PG``
+  0)."""
+
+  def __init__(self, p: int, g: int, width: int):
+    self.shape = (p, g, width)
+    self.tokens = np.zeros(self.shape, np.int32)
+    self.mask = np.zeros(self.shape, np.int32)
+    self.logp = np.zeros(self.shape, np.float32)
+    self.full_logp = np.zeros(self.shape, np.float32)
+    self.truncated = np.zeros((p, g), bool)
+    self.present = np.zeros((p, g), np.int32)
+
+  def put(self, i: int, j: int, seq: Sequence) -> None:
+    """Sample (i, j) is `seq`'s completion, with its log-probs."""
+    n = len(seq.completion)
+    self.tokens[i, j, :n] = seq.completion
+    self.mask[i, j, :n] = 1
+    self.logp[i, j, :n] = seq.logp[:n]
+    self.full_logp[i, j, :n] = seq.full_logp[:n]
+    self.truncated[i, j] = seq.stop_reason not in (STOP_ID, STOP_RULE)
+    self.present[i, j] = 1
+
+  def put_tokens(self, i: int, j: int, ids) -> None:
+    """Sample (i, j) is the given `ids`, not sampled (log-probs 0)."""
+    ids = list(ids)[: self.shape[2]]
+    self.tokens[i, j, : len(ids)] = ids
+    self.mask[i, j, : len(ids)] = 1
+    self.present[i, j] = 1
+
+  def rollout(self, prompt_tokens_PGS, prompt_mask_PGS) -> Rollout:
+    p, g, _ = self.shape
+    return Rollout(
+      prompt_tokens_PGS=prompt_tokens_PGS,
+      prompt_mask_PGS=prompt_mask_PGS,
+      tokens_PGT=self.tokens,
+      mask_PGT=self.mask,
+      logp_PGT=self.logp,
+      truncated_PG=self.truncated,
+      group_ids_PG=np.broadcast_to(
+        np.arange(p, dtype=np.int32)[:, None], (p, g)
+      ),
+      full_logp_PGT=self.full_logp,
+      sample_mask_PG=self.present,
+    )

@@ -11,6 +11,7 @@ the papers' uniform first pass. The pure allocation rules
 reader can check them against the papers without a trainer.
 """
 
+import abc
 import dataclasses
 import heapq
 from typing import Optional
@@ -97,6 +98,51 @@ def _spread(counts, order, left: int, high: int) -> int:
       counts[i] += 1
     left -= min(left, len(open_))
   return left
+
+
+@dataclasses.dataclass(frozen=True)
+class _Allocator(PromptSampler):
+  """The `Shuffled` stream's prompts with each step's budget of
+  ``P * num_samples`` samples split by `counts` from the per-prompt
+  history (`history_update`); subclasses define `counts`."""
+
+  num_samples: int = 8
+  min_samples: int = 2
+  max_samples_per_prompt: int = 32
+
+  def __post_init__(self):
+    _check_counts(
+      self.num_samples, self.min_samples, self.max_samples_per_prompt
+    )
+
+  @property
+  def max_samples(self) -> int:
+    return self.max_samples_per_prompt
+
+  def init(self, num_prompts: int, seed: int) -> State:
+    state = Shuffled(self.num_samples).init(num_prompts, seed)
+    return {**state, **history_init(num_prompts)}
+
+  def select(self, state: State, step: int, size: int):
+    chosen, state = Shuffled(self.num_samples).select(state, step, size)
+    ids = chosen.prompt_ids
+    counts = self.counts(
+      state, ids, last_success_rate(state, ids), size * self.num_samples, step
+    )
+    return Selection(ids, np.asarray(counts, np.int32)), state
+
+  @abc.abstractmethod
+  def counts(
+    self, state: State, ids, p: np.ndarray, budget: int, step: int
+  ) -> np.ndarray:
+    """[P] samples of prompts `ids` (success rates `p`, NaN unseen)."""
+
+  def update(self, state: State, feedback: Feedback) -> State:
+    return history_update(state, feedback)
+
+  def _split(self, p, budget: int):
+    """Unseen prompts get `num_samples`; (counts, seen mask, budget left)."""
+    return _split_seen(p, budget, self.num_samples, self.max_samples)
 
 
 # --- Knapsack RL ------------------------------------------------------------
@@ -201,7 +247,7 @@ def _gain(n: int, p: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class Knapsack(PromptSampler):
+class Knapsack(_Allocator):
   """Knapsack RL (arXiv 2509.25849): each step's budget of
   ``P * num_samples`` samples split by `knapsack_allocate`.
 
@@ -219,39 +265,18 @@ class Knapsack(PromptSampler):
   (it reports up to 93 samples) were not read; ours are arguments.
   """
 
-  num_samples: int = 8
-  min_samples: int = 2
-  max_samples_per_prompt: int = 32
   fallback_confidence: Optional[float] = 0.9
 
-  def __post_init__(self):
-    _check_counts(
-      self.num_samples, self.min_samples, self.max_samples_per_prompt
-    )
-
-  @property
-  def max_samples(self) -> int:
-    return self.max_samples_per_prompt
-
-  def init(self, num_prompts: int, seed: int) -> State:
-    state = Shuffled(self.num_samples).init(num_prompts, seed)
-    return {**state, **history_init(num_prompts)}
-
-  def select(self, state: State, step: int, size: int):
-    chosen, state = Shuffled(self.num_samples).select(state, step, size)
-    ids = chosen.prompt_ids
-    counts = knapsack_allocate(
-      last_success_rate(state, ids),
-      size * self.num_samples,
+  def counts(self, state, ids, p, budget, step):
+    del state, ids, step
+    return knapsack_allocate(
+      p,
+      budget,
       low=self.min_samples,
       high=self.max_samples_per_prompt,
       unseen=self.num_samples,
       fallback_confidence=self.fallback_confidence,
     )
-    return Selection(ids, counts), state
-
-  def update(self, state: State, feedback: Feedback) -> State:
-    return history_update(state, feedback)
 
 
 # --- GVM-RAFT ---------------------------------------------------------------
@@ -280,7 +305,7 @@ def gvm_weights(
 
 
 @dataclasses.dataclass(frozen=True)
-class GVM(PromptSampler):
+class GVM(_Allocator):
   """GVM-RAFT's dynamic sample allocation (arXiv 2505.02391), Algorithm 2
   run on the training stream: ``P * num_samples`` samples split in
   proportion to `gvm_weights` (largest remainders in [min_samples,
@@ -299,47 +324,28 @@ class GVM(PromptSampler):
   paper's Eq. 7 itself was not readable here.
   """
 
-  num_samples: int = 8
   min_samples: int = 1
-  max_samples_per_prompt: int = 32
   alpha: float = 1e-3
   beta: float = 2.0
   gradient: str = "constant"
 
   def __post_init__(self):
-    _check_counts(
-      self.num_samples, self.min_samples, self.max_samples_per_prompt
-    )
+    super().__post_init__()
     if self.gradient not in ("constant", "sqrt_length"):
       raise ValueError(
         f"gradient must be 'constant' or 'sqrt_length'; got {self.gradient!r}."
       )
 
-  @property
-  def max_samples(self) -> int:
-    return self.max_samples_per_prompt
-
-  def init(self, num_prompts: int, seed: int) -> State:
-    state = Shuffled(self.num_samples).init(num_prompts, seed)
-    return {**state, **history_init(num_prompts)}
-
-  def select(self, state: State, step: int, size: int):
-    chosen, state = Shuffled(self.num_samples).select(state, step, size)
-    ids = chosen.prompt_ids
-    p = last_success_rate(state, ids)
-    counts, seen, budget = _split_seen(
-      p, size * self.num_samples, self.num_samples, self.max_samples
-    )
+  def counts(self, state, ids, p, budget, step):
+    del step
+    counts, seen, budget = self._split(p, budget)
     if seen.any():
       g = np.ones(ids.size)
       if self.gradient == "sqrt_length":
         g = np.sqrt(np.asarray(state["right_length"], np.float64)[ids])
       w = gvm_weights(p[seen], g[seen], alpha=self.alpha, beta=self.beta)
       counts[seen] = allocate(w, budget, self.min_samples, self.max_samples)
-    return Selection(ids, counts.astype(np.int32)), state
-
-  def update(self, state: State, feedback: Feedback) -> State:
-    return history_update(state, feedback)
+    return counts
 
 
 # --- XRPO -------------------------------------------------------------------
@@ -414,7 +420,7 @@ def xrpo_allocate(
 
 
 @dataclasses.dataclass(frozen=True)
-class XRPO(PromptSampler):
+class XRPO(_Allocator):
   """XRPO's adaptive rollout allocator (arXiv 2510.06672): the
   ``P * num_samples`` budget split by `xrpo_allocate`.
 
@@ -432,16 +438,11 @@ class XRPO(PromptSampler):
   sharpening is `rljax.transforms.xrpo_novelty_advantages`.
   """
 
-  num_samples: int = 8
-  min_samples: int = 2
-  max_samples_per_prompt: int = 32
   confidence: float = 0.95
   exploration: float = 0.1
 
   def __post_init__(self):
-    _check_counts(
-      self.num_samples, self.min_samples, self.max_samples_per_prompt
-    )
+    super().__post_init__()
     if self.min_samples < 2:
       raise ValueError(
         f"XRPO needs min_samples >= 2 (a t interval); got {self.min_samples}."
@@ -452,21 +453,8 @@ class XRPO(PromptSampler):
         f" {self.confidence}, {self.exploration}."
       )
 
-  @property
-  def max_samples(self) -> int:
-    return self.max_samples_per_prompt
-
-  def init(self, num_prompts: int, seed: int) -> State:
-    state = Shuffled(self.num_samples).init(num_prompts, seed)
-    return {**state, **history_init(num_prompts)}
-
-  def select(self, state: State, step: int, size: int):
-    chosen, state = Shuffled(self.num_samples).select(state, step, size)
-    ids = chosen.prompt_ids
-    p = last_success_rate(state, ids)
-    counts, seen, budget = _split_seen(
-      p, size * self.num_samples, self.num_samples, self.max_samples
-    )
+  def counts(self, state, ids, p, budget, step):
+    counts, seen, budget = self._split(p, budget)
     if seen.any():
       counts[seen] = xrpo_allocate(
         np.asarray(state["reward_std"], np.float64)[ids][seen],
@@ -477,10 +465,7 @@ class XRPO(PromptSampler):
         confidence=self.confidence,
         exploration=self.exploration,
       )
-    return Selection(ids, counts.astype(np.int32)), state
-
-  def update(self, state: State, feedback: Feedback) -> State:
-    return history_update(state, feedback)
+    return counts
 
 
 SAMPLERS["knapsack"] = Knapsack

@@ -1,0 +1,213 @@
+"""Does allocating samples by uncertainty reach the demo's accuracy with
+fewer sampled tokens than uniform G?
+
+Runs the default demo (``configs/grpo.py``: 16 prompts x 16 samples a step)
+once per (prompt sampler, seed), each in its own subprocess, with held-out
+evaluation every ``--eval-every`` steps, and reads each run's
+``metrics.jsonl``: held-out greedy accuracy against the completion tokens
+sampled so far. Every sampler spends the same budget of samples a step
+(P x G = 256; `Uncertainty` and `Knapsack` only move samples between
+prompts), so tokens differ by completion lengths and by how soon a run
+gets there. The target of a seed is the uniform run's final accuracy; the
+report gives, per sampler and seed, the tokens sampled until the first
+evaluation at or above it, and the median ratio to uniform.
+
+  python experiments/sampler_efficiency.py --seeds 0 1 2 \\
+    --sampler uniform= --sampler uncertainty=sampler.prompts=uncertainty
+
+Writes ``--out`` (JSON) and a PNG beside it (accuracy against sampled
+tokens, one panel per seed). Prints the machine's load first: run it on a
+quiet machine (each run uses both cores of a 2-core machine).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+DEFAULT_SAMPLERS = [
+  "uniform=",
+  "uncertainty=sampler.prompts='uncertainty'",
+  "knapsack=sampler.prompts='knapsack',"
+  "sampler.prompts_kwargs={'min_samples': 2, 'max_samples_per_prompt': 32}",
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument(
+    "--sampler",
+    action="append",
+    default=[],
+    metavar="NAME=OVERRIDE[,OVERRIDE...]",
+    help="a named list of overrides; the first is the baseline",
+  )
+  parser.add_argument("--eval-every", type=int, default=10)
+  parser.add_argument("--eval-prompts", type=int, default=256)
+  parser.add_argument(
+    "--out",
+    default=str(ROOT / "runs" / "sampler_efficiency" / "results.json"),
+  )
+  return parser
+
+
+def run(seed: int, overrides: list[str], eval_every: int, eval_prompts: int):
+  """One demo run; its evaluation curve (step, tokens so far, accuracy)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  with tempfile.TemporaryDirectory() as out:
+    command = [
+      sys.executable,
+      "-m",
+      "rljax.training",
+      "--config",
+      str(ROOT / "configs" / "grpo.py"),
+      f"train.seed={seed}",
+      f"train.eval_every={eval_every}",
+      f"train.eval_prompts={eval_prompts}",
+      f"output.directory={out}",
+      "output.plot=False",
+      "output.tensorboard=False",
+      *overrides,
+    ]
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+      raise RuntimeError(f"run failed: {proc.stderr[-2000:]}")
+    rows = [
+      json.loads(line)
+      for line in (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines()
+    ]
+  tokens, curve = 0.0, []
+  for row in rows:
+    tokens += row.get("tokens", 0.0)  # a step's, before its evaluation
+    if "eval_accuracy" in row:
+      curve.append(
+        {
+          "step": row.get("step"),
+          "tokens": tokens,
+          "accuracy": row["eval_accuracy"],
+        }
+      )
+  return {"curve": curve, "seconds": round(seconds, 1)}
+
+
+def tokens_to_reach(curve: list[dict], target: float):
+  """Sampled tokens at the first evaluation at or above `target`."""
+  for point in curve:
+    if point["accuracy"] >= target - 1e-9:
+      return point["tokens"]
+  return None
+
+
+def plot(records: list[dict], seeds, png: pathlib.Path) -> None:
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=(4.0 * len(seeds), 3.4), layout="constrained")
+  axes = fig.subplots(1, len(seeds), squeeze=False)[0]
+  names = list(dict.fromkeys(r["sampler"] for r in records))
+  for ax, seed in zip(axes, seeds):
+    for i, name in enumerate(names):
+      for r in records:
+        if r["sampler"] == name and r["seed"] == seed:
+          xs = [p["tokens"] / 1e3 for p in r["curve"]]
+          ys = [p["accuracy"] for p in r["curve"]]
+          ax.plot(xs, ys, marker="o", ms=3, color=f"C{i}", label=name)
+    ax.set(
+      title=f"seed {seed}",
+      xlabel="sampled completion tokens (thousands)",
+      ylabel="held-out greedy accuracy",
+    )
+    ax.grid(alpha=0.3)
+  axes[0].legend()
+  png.parent.mkdir(parents=True, exist_ok=True)
+  FigureCanvasAgg(fig).print_png(str(png))
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
+  samplers = {}
+  for item in args.sampler or DEFAULT_SAMPLERS:
+    name, _, overrides = item.partition("=")
+    samplers[name] = [o for o in _split(overrides) if o]
+  print("load:", os.getloadavg(), flush=True)
+  out = pathlib.Path(args.out)
+  records = []
+  runs = [(s, name) for s in args.seeds for name in samplers]  # interleaved
+  for i, (seed, name) in enumerate(runs):
+    result = run(seed, samplers[name], args.eval_every, args.eval_prompts)
+    records.append({"sampler": name, "seed": seed, **result})
+    last = result["curve"][-1]
+    print(
+      f"[{i + 1}/{len(runs)}] {name} seed {seed}: final accuracy"
+      f" {last['accuracy']:.3f} after {last['tokens']:.0f} tokens"
+      f" ({result['seconds']} s)",
+      flush=True,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(records, indent=1))
+  base = next(iter(samplers))
+  summary = {}
+  for name in samplers:
+    ratios, reached = [], []
+    for seed in args.seeds:
+      ref = next(
+        r for r in records if r["sampler"] == base and r["seed"] == seed
+      )
+      mine = next(
+        r for r in records if r["sampler"] == name and r["seed"] == seed
+      )
+      target = ref["curve"][-1]["accuracy"]
+      t_ref = tokens_to_reach(ref["curve"], target)
+      t_mine = tokens_to_reach(mine["curve"], target)
+      reached.append(t_mine)
+      if t_mine is not None and t_ref:
+        ratios.append(t_mine / t_ref)
+    summary[name] = {"tokens_to_target": reached, "ratios": ratios}
+    text = (
+      f"median {sorted(ratios)[len(ratios) // 2]:.2f}, range"
+      f" {min(ratios):.2f}-{max(ratios):.2f}"
+      if ratios
+      else "never"
+    )
+    print(
+      f"{name}: tokens to the uniform run's final accuracy / uniform's:"
+      f" {text}; reached in {len(ratios)}/{len(args.seeds)} seeds"
+    )
+  out.write_text(json.dumps({"runs": records, "summary": summary}, indent=1))
+  plot(records, args.seeds, out.with_suffix(".png"))
+  print(f"wrote {out} and {out.with_suffix('.png')}")
+  return 0
+
+
+def _split(overrides: str) -> list[str]:
+  """Split NAME=a,b on commas outside brackets and quotes."""
+  parts, depth, quote, current = [], 0, None, ""
+  for ch in overrides:
+    if quote:
+      quote = None if ch == quote else quote
+    elif ch in "'\"":
+      quote = ch
+    elif ch in "[{(":
+      depth += 1
+    elif ch in "]})":
+      depth -= 1
+    elif ch == "," and depth == 0:
+      parts.append(current)
+      current = ""
+      continue
+    current += ch
+  parts.append(current)
+  return parts
+
+
+if __name__ == "__main__":
+  sys.exit(main())
