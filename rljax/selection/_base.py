@@ -14,8 +14,9 @@ class Selection(NamedTuple):
   prompt_ids: np.ndarray  # int64 [P] dataset indices
   num_samples: np.ndarray  # int32 [P] samples of each prompt (>= 1)
   # This step's sampling settings where they differ from the run's config
-  # (stage schedules): {"max_new_tokens": n} (n <= sampler.max_new_tokens,
-  # the rollout's width). None: the config's.
+  # (stage schedules): "max_new_tokens" (<= sampler.max_new_tokens, the
+  # rollout's width) and "temperature" (sampling, scoring and the update's
+  # log-probs; one compile per value). None: the config's.
   settings: Optional[dict] = None
 
 
@@ -116,7 +117,7 @@ def _order(num_prompts: int, seed: int):
   return grain.MapDataset.range(num_prompts).shuffle(seed=seed).repeat()
 
 
-_SETTINGS = ("max_new_tokens",)
+_SETTINGS = ("max_new_tokens", "temperature")
 
 
 def check_selection(
@@ -132,6 +133,7 @@ def check_selection(
   counts = np.asarray(selection.num_samples)
   settings = dict(selection.settings or {})
   budget = settings.get("max_new_tokens")
+  temperature = settings.get("temperature", 1.0)
   problem: Optional[str] = None
   if ids.shape != (size,) or counts.shape != (size,):
     problem = (
@@ -159,6 +161,8 @@ def check_selection(
       f" sampler.max_new_tokens={max_new_tokens}] (raise"
       " sampler.max_new_tokens, the rollout's width, for longer stages)"
     )
+  elif not (isinstance(temperature, (int, float)) and temperature > 0):
+    problem = f"set temperature={temperature!r}; it must be a number > 0"
   if problem:
     raise ValueError(f"prompt sampler {name} {problem}.")
   return Selection(

@@ -32,6 +32,9 @@ class Stage:
     max_new_tokens: the stage's generation budget (at most the config's
       ``sampler.max_new_tokens``, which stays the rollout's width, so the
       update compiles once); None: the config's.
+    temperature: the stage's sampling temperature, which the update's
+      log-probs also use (one compile per distinct value); None: the
+      config's.
   """
 
   steps: Optional[int] = None
@@ -39,6 +42,7 @@ class Stage:
   sampler_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   where: Optional[Mapping[str, Any]] = None
   max_new_tokens: Optional[int] = None
+  temperature: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +50,8 @@ class Stages(PromptSampler):
   """A schedule of stages, run one after another.
 
   Stage k runs for its ``steps`` trainer steps, selecting with its own
-  sampler among the training prompts that match its ``where`` and
-  generating at most its ``max_new_tokens``; each stage's sampler keeps its
+  sampler among the training prompts that match its ``where``, sampling
+  at its ``temperature`` and generating at most its ``max_new_tokens``; each stage's sampler keeps its
   own state (so a stage that comes back to a domain does not reset what
   was learnt in it). The schedule is by trainer step, so a resumed run is
   in the same stage with the same state.
@@ -95,6 +99,10 @@ class Stages(PromptSampler):
       if s.max_new_tokens is not None and int(s.max_new_tokens) < 1:
         raise ValueError(
           f"stage {k} has max_new_tokens={s.max_new_tokens}; it must be >= 1."
+        )
+      if s.temperature is not None and not float(s.temperature) > 0:
+        raise ValueError(
+          f"stage {k} has temperature={s.temperature}; it must be > 0."
         )
       if s.where is not None and not isinstance(s.where, Mapping):
         raise ValueError(
@@ -163,6 +171,8 @@ class Stages(PromptSampler):
     settings = dict(chosen.settings or {})
     if stage.max_new_tokens is not None:
       settings["max_new_tokens"] = int(stage.max_new_tokens)
+    if stage.temperature is not None:
+      settings["temperature"] = float(stage.temperature)
     selection = Selection(
       prompt_ids=ids[np.asarray(chosen.prompt_ids)],
       num_samples=np.asarray(chosen.num_samples, np.int32),

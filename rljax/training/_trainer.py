@@ -344,6 +344,7 @@ class Trainer:
       len(self.task.train), c.train.seed
     )
     self._step = 0
+    self._temperature = c.sampler.temperature  # the step's (stages)
     self.start_step = 0
     self.skipped_updates = 0  # non-finite updates skipped (train.nonfinite)
     self._skipped_in_a_row = 0
@@ -387,12 +388,7 @@ class Trainer:
       value_eps=c.algorithm.value_eps,
       prefix_grouper=c.model.prefix_grouper,
     )
-    self._update = jax.jit(
-      functools.partial(update, self.models, self.algorithm, self.spec),
-      in_shardings=(self.shardings, None, None, None),
-      out_shardings=(self.shardings, None),
-      donate_argnums=0,
-    )
+    self._update = self._update_at(c.sampler.temperature)
     self._prepare = jax.jit(
       lambda batch, s, key: self.algorithm.prepare(batch, s, key=key)
     )
@@ -610,7 +606,12 @@ class Trainer:
       )
     ids = chosen.prompt_ids[self.rows]
     examples = [self.task.train[int(i)] for i in ids]
-    return list(ids), examples, counts, chosen.settings or {}, chosen
+    settings = chosen.settings or {}
+    # The step's temperature: sampling, scoring and the update use it.
+    self._temperature = settings.get(
+      "temperature", self.config.sampler.temperature
+    )
+    return list(ids), examples, counts, settings, chosen
 
   def _train_sample(self, prompts, key):
     ids, examples, counts, settings, chosen = prompts
@@ -632,7 +633,7 @@ class Trainer:
         chat=self.config.model.chat_template,
         max_new_tokens=settings.get("max_new_tokens", s.max_new_tokens),
         width=s.max_new_tokens,
-        temperature=s.temperature,
+        temperature=self._temperature,
         mesh=self.mesh,
       )
       return scored
@@ -643,7 +644,7 @@ class Trainer:
       key,
       prompt_ids=ids,
       num_samples=g if np.all(counts == g) else counts,
-      temperature=s.temperature,
+      temperature=self._temperature,
       top_k=s.top_k,
       top_p=s.top_p,
       budget=settings.get("max_new_tokens"),
@@ -761,14 +762,26 @@ class Trainer:
         }
       )
     teacher = None if self.teacher is None else self.teacher[1]
-    scores = dict(self._score(self.state, teacher, seqs))
+    scores = dict(self._score(self._temperature)(self.state, teacher, seqs))
     return batch._replace(**scores.pop("fields")).with_extra(**scores)
 
-  @functools.cached_property
-  def _score(self):
-    """Jitted log-probs / values of the sequences under current weights."""
+  @functools.cache  # noqa: B019 (one per temperature, for the run's life)
+  def _update_at(self, temperature: float):
+    """The jitted update whose log-probs are at `temperature` (the run's,
+    or a stage's: one compile per value)."""
+    spec = self.spec._replace(temperature=float(temperature))
+    return jax.jit(
+      functools.partial(update, self.models, self.algorithm, spec),
+      in_shardings=(self.shardings, None, None, None),
+      out_shardings=(self.shardings, None),
+      donate_argnums=0,
+    )
+
+  @functools.cache  # noqa: B019 (one per temperature, for the run's life)
+  def _score(self, temperature: float):
+    """Jitted log-probs / values of the sequences under current weights,
+    at the sampling `temperature`."""
     width = self.config.sampler.max_new_tokens
-    temperature = self.config.sampler.temperature
     schedule = self.config.model.logprob_schedule
     grouper = self.config.model.prefix_grouper
     t = self.config.train
@@ -846,7 +859,7 @@ class Trainer:
       lambda x: jax.device_put(x, sharding.batch_sharding(self.mesh, x.ndim)),
       batch,
     )
-    self.state, metrics = self._update(
+    self.state, metrics = self._update_at(self._temperature)(
       self.state, seqs, batch, jax.random.fold_in(key, 1)
     )
     out = {k: float(v) for k, v in jax.device_get(finalize(metrics)).items()}

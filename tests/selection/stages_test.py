@@ -2,6 +2,7 @@
 
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
@@ -99,9 +100,14 @@ def test_bad_stages_are_named():
   )
   with pytest.raises(ValueError, match="sampler.max_new_tokens=4"):
     selection.check_selection(chosen, 1, 5, 4, "Stages", 4)
-  chosen = chosen._replace(settings={"temperature": 2.0})
+  chosen = chosen._replace(settings={"top_k": 2})
   with pytest.raises(ValueError, match="may set"):
     selection.check_selection(chosen, 1, 5, 4, "Stages", 4)
+  chosen = chosen._replace(settings={"temperature": 0.0})
+  with pytest.raises(ValueError, match="temperature=0.0"):
+    selection.check_selection(chosen, 1, 5, 4, "Stages", 4)
+  with pytest.raises(ValueError, match="temperature=-1"):
+    selection.Stages([{"temperature": -1}])
 
 
 def test_trainer_runs_the_stages(tmp_path):
@@ -109,10 +115,22 @@ def test_trainer_runs_the_stages(tmp_path):
     "task.kwargs.operations=('+', '-')",
     "sampler.prompts='stages'",
     "sampler.prompts_kwargs={'stages': [{'steps': 1, 'where': {'op': '-'},"
-    " 'max_new_tokens': 2}, {'where': {'op': '+'}}]}",
+    " 'max_new_tokens': 2}, {'where': {'op': '+'}, 'temperature': 0.5}]}",
   )
-  config = testing.tiny_run_config(CONFIG, tmp_path, "train.steps=2", *stages)
+  config = testing.tiny_run_config(
+    CONFIG, tmp_path, "train.steps=2", "train.epochs=2", *stages
+  )
   trainer = Trainer(config)
+  captured = []
+  with_old = trainer._with_old
+
+  def capture(batch, seqs=None):
+    out = with_old(batch, seqs)
+    if seqs is not None:
+      captured.append(jax.device_get(out))
+    return out
+
+  trainer._with_old = capture
   width = config.sampler.max_new_tokens
   trainer.step(0)
   first = trainer._last
@@ -120,6 +138,16 @@ def test_trainer_runs_the_stages(tmp_path):
   # The stage's budget of 2 tokens, in a rollout as wide as the config's.
   assert first.rollout.tokens_PGT.shape[-1] == width
   assert first.rollout.mask_PGT.sum(-1).max() <= 2
+  assert trainer._temperature == config.sampler.temperature
   trainer.step(1)
   assert {e["op"] for e in trainer._last.examples} == {"+"}
   assert trainer._last.rollout.mask_PGT.sum(-1).max() > 2
+  # Stage 2 samples at 0.5 and scores at 0.5: the trainer's recomputed
+  # old log-probs (train.epochs=2 needs them) equal the sampler's
+  # full-distribution ones at the same weights.
+  assert trainer._temperature == 0.5
+  np.testing.assert_allclose(
+    captured[-1].old_logp_PGT * np.asarray(trainer._last.rollout.mask_PGT),
+    np.asarray(trainer._last.rollout.full_logp_PGT),
+    atol=1e-3,
+  )
