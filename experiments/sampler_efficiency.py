@@ -3,7 +3,10 @@ fewer sampled tokens than uniform G?
 
 Runs the default demo (``configs/grpo.py``: 16 prompts x 16 samples a step)
 once per (prompt sampler, seed), each in its own subprocess, with held-out
-evaluation every ``--eval-every`` steps, and reads each run's
+evaluation every ``--eval-every`` steps, on a training set of
+``--train-size`` problems (the samplers learn from a prompt's earlier
+visits; the demo's 10,000 problems are each seen once in 150 steps, where
+every sampler here is uniform), and reads each run's
 ``metrics.jsonl``: held-out greedy accuracy against the completion tokens
 sampled so far. Every sampler spends the same budget of samples a step
 (P x G = 256; `Uncertainty` and `Knapsack` only move samples between
@@ -50,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     help="a named list of overrides; the first is the baseline",
   )
   parser.add_argument("--eval-every", type=int, default=10)
+  parser.add_argument("--train-size", type=int, default=320)
   parser.add_argument("--eval-prompts", type=int, default=256)
   parser.add_argument(
     "--out",
@@ -58,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def run(seed: int, overrides: list[str], eval_every: int, eval_prompts: int):
+def run(seed: int, overrides: list[str], args):
   """One demo run; its evaluation curve (step, tokens so far, accuracy)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   with tempfile.TemporaryDirectory() as out:
@@ -69,8 +73,10 @@ def run(seed: int, overrides: list[str], eval_every: int, eval_prompts: int):
       "--config",
       str(ROOT / "configs" / "grpo.py"),
       f"train.seed={seed}",
-      f"train.eval_every={eval_every}",
-      f"train.eval_prompts={eval_prompts}",
+      f"train.eval_every={args.eval_every}",
+      f"train.eval_prompts={args.eval_prompts}",
+      "task.kwargs={'digits': 2, 'prompt_style': 'bare', 'train_size':"
+      f" {args.train_size}}}",
       f"output.directory={out}",
       "output.plot=False",
       "output.tensorboard=False",
@@ -143,7 +149,7 @@ def main(argv=None) -> int:
   records = []
   runs = [(s, name) for s in args.seeds for name in samplers]  # interleaved
   for i, (seed, name) in enumerate(runs):
-    result = run(seed, samplers[name], args.eval_every, args.eval_prompts)
+    result = run(seed, samplers[name], args)
     records.append({"sampler": name, "seed": seed, **result})
     last = result["curve"][-1]
     print(
