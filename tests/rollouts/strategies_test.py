@@ -375,6 +375,7 @@ def test_tree_leaves_share_their_ancestors_segments(model):
   assert engine.pages_in_use() == 0  # every node released
 
 
+@pytest.mark.slow  # a trainer step; sample_trees has its own test
 def test_trainer_samples_trees(tmp_path):
   config = testing.tiny_run_config(CONFIG, tmp_path, "train.steps=1")
   trainer = Trainer(

@@ -110,6 +110,7 @@ def test_bad_stages_are_named():
     selection.Stages([{"temperature": -1}])
 
 
+@pytest.mark.slow  # two trainer steps; configs/cascade_rl.py runs too
 def test_trainer_runs_the_stages(tmp_path):
   stages = (
     "task.kwargs.operations=('+', '-')",
