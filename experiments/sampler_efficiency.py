@@ -3,10 +3,12 @@ fewer sampled tokens than uniform G?
 
 Runs the default demo (``configs/grpo.py``: 16 prompts x 16 samples a step)
 once per (prompt sampler, seed), each in its own subprocess, with held-out
-evaluation every ``--eval-every`` steps, on a training set of
-``--train-size`` problems (the samplers learn from a prompt's earlier
-visits; the demo's 10,000 problems are each seen once in 150 steps, where
-every sampler here is uniform), and reads each run's
+evaluation every ``--eval-every`` steps, RL drawing from the problems whose
+first operand is one of ``--operands`` (about 95 problems each, so a
+prompt comes back several times: the samplers learn from a prompt's
+earlier visits, and on the demo's 10,000 problems, each seen once in 150
+steps, every sampler here is uniform; the supervised warm start still
+uses the whole training set), and reads each run's
 ``metrics.jsonl``: held-out greedy accuracy against the completion tokens
 sampled so far. Every sampler spends the same budget of samples a step
 (P x G = 256; `Uncertainty` and `Knapsack` only move samples between
@@ -16,7 +18,8 @@ report gives, per sampler and seed, the tokens sampled until the first
 evaluation at or above it, and the median ratio to uniform.
 
   python experiments/sampler_efficiency.py --seeds 0 1 2 \\
-    --sampler uniform= --sampler uncertainty=sampler.prompts=uncertainty
+    --sampler uniform=shuffled --sampler uncertainty=uncertainty \\
+    --sampler "knapsack=knapsack:{'max_samples_per_prompt': 32}"
 
 Writes ``--out`` (JSON) and a PNG beside it (accuracy against sampled
 tokens, one panel per seed). Prints the machine's load first: run it on a
@@ -24,6 +27,7 @@ quiet machine (each run uses both cores of a 2-core machine).
 """
 
 import argparse
+import ast
 import json
 import os
 import pathlib
@@ -35,10 +39,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 DEFAULT_SAMPLERS = [
-  "uniform=",
-  "uncertainty=sampler.prompts='uncertainty'",
-  "knapsack=sampler.prompts='knapsack',"
-  "sampler.prompts_kwargs={'min_samples': 2, 'max_samples_per_prompt': 32}",
+  "uniform=shuffled",
+  "uncertainty=uncertainty",
+  "knapsack=knapsack:{'min_samples': 2, 'max_samples_per_prompt': 32}",
 ]
 
 
@@ -49,11 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     "--sampler",
     action="append",
     default=[],
-    metavar="NAME=OVERRIDE[,OVERRIDE...]",
-    help="a named list of overrides; the first is the baseline",
+    metavar="NAME=SAMPLER[:KWARGS]",
+    help="a prompt sampler (rljax.selection name and a dict of its"
+    " arguments); the first is the baseline",
+  )
+  parser.add_argument(
+    "--extra", nargs="*", default=[], help="overrides for every run"
   )
   parser.add_argument("--eval-every", type=int, default=10)
-  parser.add_argument("--train-size", type=int, default=320)
+  parser.add_argument("--operands", type=int, nargs="+", default=[0, 1, 2, 3])
   parser.add_argument("--eval-prompts", type=int, default=256)
   parser.add_argument(
     "--out",
@@ -75,8 +82,6 @@ def run(seed: int, overrides: list[str], args):
       f"train.seed={seed}",
       f"train.eval_every={args.eval_every}",
       f"train.eval_prompts={args.eval_prompts}",
-      "task.kwargs={'digits': 2, 'prompt_style': 'bare', 'train_size':"
-      f" {args.train_size}}}",
       f"output.directory={out}",
       "output.plot=False",
       "output.tensorboard=False",
@@ -142,8 +147,18 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   samplers = {}
   for item in args.sampler or DEFAULT_SAMPLERS:
-    name, _, overrides = item.partition("=")
-    samplers[name] = [o for o in _split(overrides) if o]
+    name, _, spec = item.partition("=")
+    sampler, _, kwargs = spec.partition(":")
+    stage = {
+      "where": {"a": list(args.operands)},
+      "sampler": sampler,
+      "sampler_kwargs": ast.literal_eval(kwargs) if kwargs else {},
+    }
+    samplers[name] = [
+      "sampler.prompts='stages'",
+      f"sampler.prompts_kwargs={{'stages': [{stage!r}]}}",
+      *args.extra,
+    ]
   print("load:", os.getloadavg(), flush=True)
   out = pathlib.Path(args.out)
   records = []
@@ -192,27 +207,6 @@ def main(argv=None) -> int:
   plot(records, args.seeds, out.with_suffix(".png"))
   print(f"wrote {out} and {out.with_suffix('.png')}")
   return 0
-
-
-def _split(overrides: str) -> list[str]:
-  """Split NAME=a,b on commas outside brackets and quotes."""
-  parts, depth, quote, current = [], 0, None, ""
-  for ch in overrides:
-    if quote:
-      quote = None if ch == quote else quote
-    elif ch in "'\"":
-      quote = ch
-    elif ch in "[{(":
-      depth += 1
-    elif ch in "]})":
-      depth -= 1
-    elif ch == "," and depth == 0:
-      parts.append(current)
-      current = ""
-      continue
-    current += ch
-  parts.append(current)
-  return parts
 
 
 if __name__ == "__main__":

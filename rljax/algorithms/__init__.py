@@ -4,6 +4,8 @@ lists each seed paper's preset or composition."""
 
 from rljax.algorithms._bounds import bapo
 from rljax.algorithms._bounds import dcpo
+from rljax.algorithms._budgets import hbpo
+from rljax.algorithms._budgets import tlts
 from rljax.algorithms._offpolicy import disco
 from rljax.algorithms._offpolicy import kimi_opmd
 from rljax.algorithms._offpolicy import mdpo
@@ -41,6 +43,7 @@ from rljax.algorithms._tokens import progrpo
 from rljax.algorithms._tokens import rapo
 from rljax.algorithms._tokens import red_drop
 from rljax.algorithms._tokens import thinkless
+from rljax.algorithms._trees import treepo
 from rljax.algorithms._variants import adora
 from rljax.algorithms._variants import aspo
 from rljax.algorithms._variants import copo
@@ -76,6 +79,7 @@ __all__ = [
   "gspo",
   "gtpo",
   "hapo",
+  "hbpo",
   "icpo",
   "hdpo",
   "kepo",
@@ -99,5 +103,7 @@ __all__ = [
   "seed_grpo",
   "spo",
   "thinkless",
+  "tlts",
+  "treepo",
   "vcpo",
 ]

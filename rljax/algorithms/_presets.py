@@ -17,12 +17,14 @@ from rljax._src.base import Algorithm
 from rljax._src.base import Transform
 from rljax._src.base import chain
 from rljax.algorithms import _bounds
+from rljax.algorithms import _budgets
 from rljax.algorithms import _offpolicy
 from rljax.algorithms import _single_stream
 from rljax.algorithms import _stateful
 from rljax.algorithms import _streams
 from rljax.algorithms import _teacher
 from rljax.algorithms import _tokens
+from rljax.algorithms import _trees
 from rljax.algorithms import _variants
 
 
@@ -253,12 +255,14 @@ PRESETS = {
 # The literature's presets, one module per family, join the registry.
 _FAMILIES = (
   _bounds,
+  _budgets,
   _offpolicy,
   _single_stream,
   _stateful,
   _streams,
   _teacher,
   _tokens,
+  _trees,
   _variants,
 )
 for _family in _FAMILIES:

@@ -8,7 +8,8 @@ the weighted total [N] and metrics ("reward/<name>", "unparseable/<name>").
 
 Built-ins: `exact_answer` (numeric or string match of an extracted answer),
 `math_answer` (math-verify), `answer_format` (regex), `length_penalty`
-(DAPO's soft overlong penalty in tokens); `extract_answer` is the extractor
+(DAPO's soft overlong penalty in tokens), `repetition_penalty` (CAMPO's
+trailing-loop penalty); `extract_answer` is the extractor
 they share; `evaluate_arithmetic` is a safe evaluator of + - * / expressions
 (an `ast` walk, never eval) for rewards that need one.
 
@@ -45,9 +46,14 @@ from rljax.rewards._judges import preference_matrix
 from rljax.rewards._judges import success_gated_reward
 from rljax.rewards._judges import thought_reward
 from rljax.rewards._judges import thought_rewards
+from rljax.rewards._registry import REWARDS
+from rljax.rewards._registry import get
+from rljax.rewards._repetition import loop_fraction
+from rljax.rewards._repetition import repetition_penalty
 
 __all__ = [
   "EXTRACT_MODES",
+  "REWARDS",
   "RewardFn",
   "RewardResult",
   "RewardSpec",
@@ -61,15 +67,18 @@ __all__ = [
   "cluster_answers",
   "evaluate_arithmetic",
   "exact_answer",
+  "get",
   "extract_answer",
   "flag_annotate",
   "flawed_positive_reward",
   "judge_flags",
   "judge_reward",
   "length_penalty",
+  "loop_fraction",
   "math_answer",
   "preference_annotate",
   "preference_matrix",
+  "repetition_penalty",
   "score",
   "success_gated_reward",
   "thought_reward",

@@ -16,6 +16,10 @@ from rljax.rollouts._base import Scores
 from rljax.rollouts._base import State
 from rljax.rollouts._base import sample_members
 from rljax.rollouts._base import splice
+from rljax.rollouts._budgets import BUDGET_STREAM
+from rljax.rollouts._budgets import HBPO_TEMPLATE
+from rljax.rollouts._budgets import BudgetSubgroups
+from rljax.rollouts._budgets import subgroup_sizes
 from rljax.rollouts._strategies import EXPLORE
 from rljax.rollouts._strategies import HINTED
 from rljax.rollouts._strategies import INJECTED
@@ -35,12 +39,15 @@ from rljax.rollouts._trees import TreeRollouts
 from rljax.rollouts._trees import sample_trees
 
 __all__ = [
+  "BUDGET_STREAM",
   "EXPLORE",
+  "HBPO_TEMPLATE",
   "HINTED",
   "INJECTED",
   "PLAIN",
   "PRIVILEGED",
   "STRATEGIES",
+  "BudgetSubgroups",
   "Group",
   "GroupStrategy",
   "InContextDemos",
@@ -59,4 +66,5 @@ __all__ = [
   "sample_members",
   "sample_trees",
   "splice",
+  "subgroup_sizes",
 ]

@@ -13,6 +13,7 @@ from rljax.rollouts._base import GroupStrategy
 from rljax.rollouts._base import Member
 from rljax.rollouts._base import Scores
 from rljax.rollouts._base import State
+from rljax.rollouts._budgets import BudgetSubgroups
 from rljax.rollouts._trees import TreeRollouts
 
 #: Batch.extra["stream_PG"] values of the strategies below
@@ -526,6 +527,7 @@ STRATEGIES = {
   "solution_hints": SolutionHints,
   "inject_answer": InjectAnswer,
   "replay": ReplaySuccesses,
+  "budget_subgroups": BudgetSubgroups,
 }
 
 

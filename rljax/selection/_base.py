@@ -181,8 +181,10 @@ class Uncertainty(PromptSampler):
   proportion to sqrt(p(1 - p)), p = alpha / (alpha + beta), the standard
   deviation of one sample's reward: prompts the policy always or never
   solves (whose groups have no advantage signal) get `min_samples`, the
-  uncertain ones up to `max_samples`. Unseen prompts have p = 1/2, so the
-  first pass is uniform. Counts are rounded by largest remainders within
+  uncertain ones up to ``max_samples_per_prompt`` (default twice
+  ``num_samples``: at ``num_samples`` no prompt could get more than the
+  uniform share, and the allocation would be uniform). Unseen prompts have
+  p = 1/2, so the first pass is uniform. Counts are rounded by largest remainders within
   [min_samples, max_samples] and sum to at most the budget.
 
   This is rljax's own baseline allocator (no paper's exact rule); the
@@ -192,11 +194,13 @@ class Uncertainty(PromptSampler):
 
   num_samples: int = 8
   min_samples: int = 2
-  max_samples_per_prompt: int = 16
+  max_samples_per_prompt: Optional[int] = None
   prior: float = 1.0
   decay: float = 1.0
 
   def __post_init__(self):
+    if self.max_samples_per_prompt is None:
+      object.__setattr__(self, "max_samples_per_prompt", 2 * self.num_samples)
     if not 1 <= self.min_samples <= self.num_samples:
       raise ValueError(
         f"min_samples={self.min_samples} must be in [1, num_samples="

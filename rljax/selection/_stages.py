@@ -27,7 +27,8 @@ class Stage:
       prompts); a `PromptSampler`, or a name for `rljax.selection.get`
       with `sampler_kwargs`. Default: `Shuffled` with 8 samples.
     where: example fields the stage's prompts must match, e.g.
-      ``{"op": "+"}`` (a domain of a mixed training set); None: every
+      ``{"op": "+"}`` (a domain of a mixed training set); a list value
+      matches any of its items (``{"a": [0, 1, 2]}``); None: every
       training prompt.
     max_new_tokens: the stage's generation budget (at most the config's
       ``sampler.max_new_tokens``, which stays the rollout's width, so the
@@ -133,7 +134,7 @@ class Stages(PromptSampler):
       match = [
         i
         for i in range(len(examples))
-        if all(examples[i].get(f) == v for f, v in s.where.items())
+        if all(_matches(examples[i].get(f), v) for f, v in s.where.items())
       ]
       if not match:
         raise ValueError(
@@ -211,6 +212,12 @@ def _sampler(sampler: Any, kwargs: Mapping[str, Any]) -> PromptSampler:
       f" {type(sampler).__name__}."
     )
   return sampler
+
+
+def _matches(value: Any, wanted: Any) -> bool:
+  if isinstance(wanted, (list, tuple)):
+    return value in wanted
+  return value == wanted
 
 
 def _with(state: State, k: int, inner: State) -> State:

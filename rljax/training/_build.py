@@ -229,6 +229,29 @@ def check_rewards(rewards) -> tuple:
     raise UserError(f"Trainer(rewards=...): {e}") from e
 
 
+def extra_rewards(entries) -> tuple:
+  """``task.extra_rewards`` as reward specs ((name, fn, weight), ...)."""
+  out = []
+  for entry in entries:
+    if not isinstance(entry, dict) or set(entry) - {
+      "name",
+      "reward",
+      "weight",
+      "kwargs",
+    }:
+      raise ValueError(
+        f"an entry {entry!r} must be a dict with keys 'reward' (a"
+        " rljax.rewards.get name) and optional 'name', 'weight', 'kwargs'"
+      )
+    if "reward" not in entry:
+      raise ValueError(f"the entry {entry!r} names no 'reward'")
+    fn = rewards_lib.get(entry["reward"], **entry.get("kwargs", {}))
+    out.append(
+      (entry.get("name", entry["reward"]), fn, float(entry.get("weight", 1.0)))
+    )
+  return tuple(rewards_lib.as_specs(out))
+
+
 def place_teacher(teacher, policy: Transformer, needed: bool, mesh):
   """``(graphdef, params on the mesh)`` of the frozen scoring model, or None.
 

@@ -44,6 +44,9 @@ class TaskSpec:
   name: str = "arithmetic"
   kwargs: dict = dataclasses.field(default_factory=dict)
   max_prompt_tokens: int = 16  # prompts are left-padded to this width
+  # Rewards added to the task's own: {"name": ..., "reward": a
+  # `rljax.rewards.get` name, "weight": w, "kwargs": {...}} each.
+  extra_rewards: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -296,6 +296,13 @@ class Trainer:
       self.task = dataclasses.replace(
         self.task, rewards=_build.check_rewards(rewards)
       )
+    if c.task.extra_rewards:
+      extra = _from_config(
+        "task.extra_rewards", _build.extra_rewards, c.task.extra_rewards
+      )
+      self.task = dataclasses.replace(
+        self.task, rewards=(*self.task.rewards, *extra)
+      )
     model, self.tokenizer = _from_config(
       "model", _build.build_policy, c.model, self.task.alphabet, c.train.seed
     )

@@ -19,6 +19,11 @@ from rljax.transforms._bounds import dcpo_sas_advantages
 from rljax.transforms._bounds import etr_bounds
 from rljax.transforms._bounds import hapo_entropy_scores
 from rljax.transforms._bounds import hapo_token_advantages
+from rljax.transforms._budgets import hbpo_advantage
+from rljax.transforms._budgets import hbpo_advantages
+from rljax.transforms._budgets import hbpo_budget_reward
+from rljax.transforms._budgets import hbpo_reward
+from rljax.transforms._budgets import hbpo_rewards
 from rljax.transforms._entropy import AresState
 from rljax.transforms._entropy import D3SState
 from rljax.transforms._entropy import ares_entropy_shaping
@@ -87,6 +92,8 @@ from rljax.transforms._teacher import vcpo_sequence_weights
 from rljax.transforms._tokens import decision_token_mask
 from rljax.transforms._tokens import gtpo_advantages
 from rljax.transforms._tokens import hicra
+from rljax.transforms._trees import treepo_advantages
+from rljax.transforms._trees import treepo_advantages_of
 from rljax.transforms._variants import COPO_MIX
 from rljax.transforms._variants import adora_advantages
 from rljax.transforms._variants import adora_length_criterion
@@ -154,6 +161,11 @@ __all__ = [
   "hapo_entropy_scores",
   "hapo_history_rewards",
   "hapo_token_advantages",
+  "hbpo_advantage",
+  "hbpo_advantages",
+  "hbpo_budget_reward",
+  "hbpo_reward",
+  "hbpo_rewards",
   "hdpo_advantages",
   "hicra",
   "history_length_reward",
@@ -198,6 +210,8 @@ __all__ = [
   "token_tis",
   "tp_grpo_rewards",
   "track_quantiles",
+  "treepo_advantages",
+  "treepo_advantages_of",
   "vcpo_advantages",
   "vcpo_baseline_advantages",
   "vcpo_ess_ratio",

@@ -371,7 +371,9 @@ def length_budget_curriculum(
 
   Defaults: B_0 = 256 (the paper's starting budget); the final budget,
   decay and interval are placeholders to set for a run (the paper's decay
-  ablation was not read; "not verified").
+  ablation was not read; "not verified"). The sampler's generation budget
+  follows the same schedule with a `rljax.selection.Stages` prompt sampler
+  (configs/train_long_think_short.py, preset ``tlts``).
 
   References:
     Hammoud et al., "Train Long, Think Short: Curriculum Learning for

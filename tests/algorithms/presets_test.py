@@ -31,7 +31,8 @@ def _batch(seed, prompts=4):
   `Trainer(annotate=...)` writes it: answer-cluster ids (EMPO, COPO,
   SEED-GRPO), the first tool call's position (ASPO; -1 = none), the
   number of tool calls (HDPO), and each sample's stream as the Trainer
-  writes it for a group strategy (ICPO, AEPO)."""
+  writes it for a group strategy (ICPO, AEPO, HBPO) and a segment tree's
+  ancestor ids (TreePO)."""
   batch = testing.random_batch(seed, prompts=prompts)
   rng = np.random.default_rng(seed)
   pg = batch.shape[:2]
@@ -45,6 +46,7 @@ def _batch(seed, prompts=4):
     from_stream_PG=np.tile([0.0, 0, 0, 1], pg[1] // 4 + 1)[
       None, : pg[1]
     ].repeat(pg[0], 0),
+    tree_PG=rng.integers(-1, 2, pg + (2,)).astype(np.int32),  # TreePO
   )
 
 

@@ -91,6 +91,8 @@ def test_bad_stages_are_named():
     selection.Stages([])
   with pytest.raises(ValueError, match="max_new_tokens=0"):
     selection.Stages([{"max_new_tokens": 0}])
+  either = selection.Stages([{"where": {"i": [1, 2, 9]}}]).prepare(EXAMPLES)
+  np.testing.assert_array_equal(either.ids[0], [1, 2, 9])  # a list: any
   with pytest.raises(ValueError, match="matches no training prompt"):
     selection.Stages([{"where": {"op": "*"}}]).prepare(EXAMPLES)
   with pytest.raises(ValueError, match="call stages.prepare"):

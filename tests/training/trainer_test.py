@@ -119,9 +119,16 @@ def test_resume_equals_a_straight_run(tmp_path):
   assert summary["history"][-1]["reward"] == straight_last["reward"]
 
 
+# Settings the tiny run's 4 samples per prompt need.
+TINY_EXTRA = {
+  "treepo": ("sampler.groups_kwargs={'branching': [2, 2], 'segment': 1}",),
+}
+
+
 @pytest.mark.slow  # every preset compiles its own loop: several minutes
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_config_runs_two_steps(tmp_path, name):
-  summary = Trainer(_config(name, tmp_path, "train.steps=2")).run()
+  extra = TINY_EXTRA.get(name, ())
+  summary = Trainer(_config(name, tmp_path, "train.steps=2", *extra)).run()
   assert len(summary["history"]) == 2
   assert all(np.isfinite(h["loss"]) for h in summary["history"])
