@@ -520,6 +520,12 @@ def test_preset_jits_with_finite_loss_and_gradient(name):
 
 
 def test_presets_are_registered_names():
-  # aepo_arbitrary needs a second rollout stream no run produces yet.
-  assert set(presets.PRESETS) == {"dcpo_dist", "rto", "kepo", "vcpo"}
+  # aepo_arbitrary reads rljax.rollouts.TemperatureStream's second stream.
+  assert set(presets.PRESETS) == {
+    "aepo_arbitrary",
+    "dcpo_dist",
+    "rto",
+    "kepo",
+    "vcpo",
+  }
   assert all(k == k.lower() and " " not in k for k in presets.PRESETS)
