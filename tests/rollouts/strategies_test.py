@@ -258,6 +258,7 @@ def test_replay_stores_successes_and_replays_them():
   assert s.update(groups, replayed, 6, state) == state
 
 
+@pytest.mark.slow  # three trainers; test_bad_strategies_are_named runs one
 def test_trainer_runs_rounds_and_marks_streams(tmp_path):
   # Hints that give the answer away: every all-failed group gets a hinted
   # sample, kept only when it is correct.
