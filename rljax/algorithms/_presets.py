@@ -26,6 +26,7 @@ from rljax.algorithms import _teacher
 from rljax.algorithms import _tokens
 from rljax.algorithms import _trees
 from rljax.algorithms import _variants
+from rljax.algorithms._common import dapo_shaping
 
 
 def _kl_loss(kl_coef: float) -> list[Transform]:
@@ -70,22 +71,13 @@ def dapo(
   """DAPO (arXiv 2503.14476): clip-higher, dynamic sampling, token-level
   loss, and the soft overlong penalty when ``max_length`` and
   ``overlong_buffer`` are given (the paper: 20480 and 4096). No KL term."""
-  if (max_length is None) != (overlong_buffer is None):
-    raise ValueError(
-      "dapo: set both max_length and overlong_buffer to enable the overlong"
-      " penalty, or neither."
-    )
-  # The filter reads the task reward before shaping: the paper drops prompts
-  # whose accuracy is 0 or 1 (verl's DAPO scripts: filter metric `acc`).
-  stages = [transforms.dynamic_sampling()] if dynamic_sampling else []
-  if max_length is not None:
-    stages.append(
-      transforms.overlong_penalty(
-        max_length=max_length,
-        buffer=overlong_buffer,
-        factor=overlong_factor,
-      )
-    )
+  stages = dapo_shaping(
+    "dapo",
+    max_length=max_length,
+    overlong_buffer=overlong_buffer,
+    overlong_factor=overlong_factor,
+    dynamic_sampling=dynamic_sampling,
+  )
   return Algorithm(
     chain(
       *stages,

@@ -8,6 +8,7 @@ from rljax import objectives
 from rljax import transforms
 from rljax._src.base import Algorithm
 from rljax._src.base import chain
+from rljax.algorithms._common import dapo_shaping
 
 
 def treepo(
@@ -30,20 +31,13 @@ def treepo(
   clip 0.2/0.28, `clip_ratio_c` 10, `token-mean`, filter_groups on `acc`,
   overlong buffer 512 with factor 1 for 7168-token responses); set both
   ``max_length`` and ``overlong_buffer`` to enable the overlong penalty."""
-  if (max_length is None) != (overlong_buffer is None):
-    raise ValueError(
-      "treepo: set both max_length and overlong_buffer to enable the"
-      " overlong penalty (the official run: 7168 and 512), or neither."
-    )
-  stages = [transforms.dynamic_sampling()] if dynamic_sampling else []
-  if max_length is not None:
-    stages.append(
-      transforms.overlong_penalty(
-        max_length=max_length,
-        buffer=overlong_buffer,
-        factor=overlong_factor,
-      )
-    )
+  stages = dapo_shaping(
+    "treepo",
+    max_length=max_length,
+    overlong_buffer=overlong_buffer,
+    overlong_factor=overlong_factor,
+    dynamic_sampling=dynamic_sampling,
+  )
   return Algorithm(
     chain(
       *stages,
