@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from rljax._src import checks
 from rljax.rollouts._base import Group
 from rljax.rollouts._base import GroupStrategy
 from rljax.rollouts._base import Member
@@ -73,10 +74,7 @@ class PrivilegedContext(GroupStrategy):
 
   def __post_init__(self):
     _check_count("num_privileged", self.num_privileged, 1)
-    if self.position not in ("before", "after"):
-      raise ValueError(
-        f"position={self.position!r}; it must be 'before' or 'after'."
-      )
+    checks.one_of("position", self.position, ("before", "after"))
 
   def plan(self, group: Group, step: int, state: State) -> list[Member]:
     del step, state
@@ -299,10 +297,7 @@ class TieredHints(GroupStrategy):
       raise ValueError("hints is empty; give at least one tier.")
     _check_count("exempt_steps", self.exempt_steps)
     _check_count("num_replaced", self.num_replaced, 1)
-    if self.train_on not in ("hinted", "plain"):
-      raise ValueError(
-        f"train_on={self.train_on!r}; it must be 'hinted' or 'plain'."
-      )
+    checks.one_of("train_on", self.train_on, ("hinted", "plain"))
     object.__setattr__(self, "hints", tuple(self.hints))
 
   @property
@@ -423,10 +418,7 @@ class InjectAnswer(GroupStrategy):
   when: str = "always"
 
   def __post_init__(self):
-    if self.when not in ("always", "no_success"):
-      raise ValueError(
-        f"when={self.when!r}; it must be 'always' or 'no_success'."
-      )
+    checks.one_of("when", self.when, ("always", "no_success"))
 
   def plan(self, group: Group, step: int, state: State) -> list[Member]:
     del step, state

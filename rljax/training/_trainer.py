@@ -252,6 +252,7 @@ class Trainer:
     self._writer = jax.process_index() == 0  # logs, rollouts, plots
     self.annotate = annotate
     self._engines = {}
+    self._compiled = {}  # jitted update / scoring per temperature
     self.prompt_sampler = prompts or _from_config(
       "sampler.prompts",
       selection.get,
@@ -772,10 +773,23 @@ class Trainer:
     scores = dict(self._score(self._temperature)(self.state, teacher, seqs))
     return batch._replace(**scores.pop("fields")).with_extra(**scores)
 
-  @functools.cache  # noqa: B019 (one per temperature, for the run's life)
   def _update_at(self, temperature: float):
     """The jitted update whose log-probs are at `temperature` (the run's,
-    or a stage's: one compile per value)."""
+    or a stage's: one compile per value, kept by this trainer)."""
+    key = ("update", float(temperature))
+    if key not in self._compiled:
+      self._compiled[key] = self._build_update(temperature)
+    return self._compiled[key]
+
+  def _score(self, temperature: float):
+    """Jitted log-probs / values of the sequences under current weights,
+    at the sampling `temperature` (one compile per value)."""
+    key = ("score", float(temperature))
+    if key not in self._compiled:
+      self._compiled[key] = self._build_score(temperature)
+    return self._compiled[key]
+
+  def _build_update(self, temperature: float):
     spec = self.spec._replace(temperature=float(temperature))
     return jax.jit(
       functools.partial(update, self.models, self.algorithm, spec),
@@ -784,10 +798,7 @@ class Trainer:
       donate_argnums=0,
     )
 
-  @functools.cache  # noqa: B019 (one per temperature, for the run's life)
-  def _score(self, temperature: float):
-    """Jitted log-probs / values of the sequences under current weights,
-    at the sampling `temperature`."""
+  def _build_score(self, temperature: float):
     width = self.config.sampler.max_new_tokens
     schedule = self.config.model.logprob_schedule
     grouper = self.config.model.prefix_grouper
