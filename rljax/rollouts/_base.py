@@ -44,6 +44,14 @@ class Member(NamedTuple):
       stays.
     max_new_tokens: this sample's generation budget (at most the step's);
       None: the step's.
+    prefix: completion tokens the sample starts with (a rollout paused in
+      an earlier step, a replayed one); the engine prefills the prompt and
+      the prefix and samples on, within the budget, unless the prefix
+      already ends with a stop id or fills the budget.
+    prefix_logp: the prefix tokens' sampler log-probs ``rollout_logp_PGT``
+      (the policy that drew them); None: 0 (given, not sampled).
+    prefix_full_logp: their log-probs under the full distribution; None:
+      0.
   """
 
   prompt: Optional[str] = None
@@ -53,6 +61,9 @@ class Member(NamedTuple):
   stream: int = 0
   only_if_correct: bool = False
   max_new_tokens: Optional[int] = None
+  prefix: Optional[tuple] = None
+  prefix_logp: Optional[tuple] = None
+  prefix_full_logp: Optional[tuple] = None
 
 
 class Group(NamedTuple):
@@ -78,6 +89,9 @@ class Scores(NamedTuple):
   # their temperature: an unbiased estimate of the sample's mean token
   # entropy under its sampling distribution (0 for given completions)
   surprise: np.ndarray
+  # the scored [P, G] rollout (tokens, masks, sampler log-probs), to store
+  # or continue samples
+  rollout: Optional[Rollout] = None
 
 
 class GroupStrategy:
@@ -115,14 +129,22 @@ class GroupStrategy:
     max_new_tokens: int,
     width: int,
     temperature: float,
+    groups: Sequence[Group] = (),
+    step: int = 0,
+    state: Optional[State] = None,
   ) -> Optional[tuple[Rollout, dict[str, np.ndarray]]]:
     """Sample the groups itself with the engine (trees of forks, ...):
     the [P, G] `Rollout` of the unpadded prompt token lists `prompts`
-    (``counts`` samples each) and named side arrays for ``Batch.extra``
-    (``_PG`` layouts, e.g. a tree's ancestor ids); None (the default): the
-    groups are the members of `plan`."""
+    (``counts`` samples each; `groups` describes them) and named side
+    arrays for ``Batch.extra`` (``_PG`` layouts, e.g. a tree's ancestor
+    ids); None (the default): the groups are the members of `plan`.
+
+    The rollout's prompts are what the update conditions on, row by row
+    (a sample drawn from a longer context may train on another one); the
+    trainer left-pads them to the run's prompt width. `state` is read-only
+    here: `update` returns the next one."""
     del engine, model, prompts, counts, key, max_new_tokens, width
-    del temperature
+    del temperature, groups, step, state
     return None
 
   def plan(self, group: Group, step: int, state: State) -> list[Member]:
@@ -171,10 +193,12 @@ def sample_members(
   `encode(texts) -> (tokens [n, S], mask [n, S])` left-pads prompt texts;
   `encode_completion(text) -> ids` tokenizes a given completion (with its
   stop token). Members of group p that sample from the same prompt share
-  its cache (one `Engine.add` per prompt and budget, a temperature per
-  sample); sample (p, g) of a sampled member draws with key
+  its cache (one `Engine.add` per prompt, prefix and budget, a temperature
+  per sample); sample (p, g) of a sampled member draws with key
   ``fold_in(fold_in(key, p), k)``'s children, k counting the group's
-  distinct (sampling prompt, budget) pairs in sorted order. Prompt tokens
+  distinct (sampling prompt, prefix, budget) triples in sorted order. A
+  member's prefix starts its completion (the engine prefills it after the
+  prompt and samples on, its budget counting the prefix). Prompt tokens
   are each sample's ``train_prompt``.
   """
   p, g = len(members), max(len(m) for m in members)
@@ -205,9 +229,24 @@ def sample_members(
         out.put_tokens(i, j, encode_completion(m.completion))
         continue
       budget = min(m.max_new_tokens or max_new_tokens, max_new_tokens)
-      by_prompt.setdefault((sample_text[i][j], budget), []).append(j)
-    for k, ((text, budget), slots) in enumerate(sorted(by_prompt.items())):
+      prefix = tuple(int(t) for t in m.prefix or ())
+      if prefix:
+        out.put_tokens(
+          i,
+          j,
+          prefix,
+          m.prefix_logp,
+          m.prefix_full_logp,
+          truncated=len(prefix) >= budget,
+        )
+        if len(prefix) >= budget or prefix[-1] in engine.stop_ids:
+          continue
+      by_prompt.setdefault((sample_text[i][j], prefix, budget), []).append(j)
+    for k, (key_k, slots) in enumerate(sorted(by_prompt.items())):
+      text, prefix, budget = key_k
       row_tokens = tokens_nS[index[text]][mask_nS[index[text]] > 0]
+      row_tokens = list(row_tokens) + list(prefix)
+      budget -= len(prefix)
       temps = [
         temperature if row[j].temperature is None else row[j].temperature
         for j in slots
@@ -220,10 +259,10 @@ def sample_members(
         temperature=temps,
         shard=i * engine.shards // p,
       )
-      requests += [(i, j, s) for j, s in zip(slots, seqs)]
+      requests += [(i, j, s, len(prefix)) for j, s in zip(slots, seqs)]
   engine.run(model)
-  for i, j, seq in requests:
-    out.put(i, j, seq)
+  for i, j, seq, n in requests:
+    out.put_after(i, j, seq, n)
   rows = np.asarray([[index[t] for t in row] for row in train_text])
   return out.rollout(tokens_nS[rows], mask_nS[rows])
 

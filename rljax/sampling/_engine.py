@@ -405,6 +405,7 @@ class Engine:
       checks.positive(top_k=top_k)
     vocab = config.vocab_size
     stop_ids = tuple(int(i) for i in stop_ids)
+    self.stop_ids = stop_ids
     if any(not 0 <= i < vocab for i in stop_ids):
       raise ValueError(
         f"stop_ids must be token ids in [0, {vocab}); got {list(stop_ids)}."
@@ -1116,11 +1117,38 @@ class RolloutBuilder:
     self.truncated[i, j] = seq.stop_reason not in (STOP_ID, STOP_RULE)
     self.present[i, j] = 1
 
-  def put_tokens(self, i: int, j: int, ids) -> None:
-    """Sample (i, j) is the given `ids`, not sampled (log-probs 0)."""
+  def put_tokens(
+    self,
+    i: int,
+    j: int,
+    ids,
+    logp=None,
+    full_logp=None,
+    truncated: bool = False,
+  ) -> None:
+    """Sample (i, j) is the given `ids` with their log-probs (None: 0, not
+    sampled)."""
     ids = list(ids)[: self.shape[2]]
-    self.tokens[i, j, : len(ids)] = ids
-    self.mask[i, j, : len(ids)] = 1
+    n = len(ids)
+    self.tokens[i, j, :n] = ids
+    self.mask[i, j, :n] = 1
+    if logp is not None:
+      self.logp[i, j, :n] = list(logp)[:n]
+    if full_logp is not None:
+      self.full_logp[i, j, :n] = list(full_logp)[:n]
+    self.truncated[i, j] = truncated
+    self.present[i, j] = 1
+
+  def put_after(self, i: int, j: int, seq: Sequence, n: int) -> None:
+    """Sample (i, j) continues at token `n` (after a prefix put with
+    `put_tokens`) with `seq`'s completion and its log-probs."""
+    m = max(0, min(len(seq.completion), self.shape[2] - n))
+    sl = slice(n, n + m)
+    self.tokens[i, j, sl] = seq.completion[:m]
+    self.mask[i, j, sl] = 1
+    self.logp[i, j, sl] = seq.logp[:m]
+    self.full_logp[i, j, sl] = seq.full_logp[:m]
+    self.truncated[i, j] = seq.stop_reason not in (STOP_ID, STOP_RULE)
     self.present[i, j] = 1
 
   def rollout(self, prompt_tokens_PGS, prompt_mask_PGS) -> Rollout:

@@ -112,6 +112,9 @@ def sample_groups(
     max_new_tokens=max_new_tokens,
     width=width,
     temperature=temperature,
+    groups=groups,
+    step=step,
+    state=state,
   )
   extra = {}
   if drawn is None:
@@ -119,10 +122,14 @@ def sample_groups(
   else:
     rollout, extra = drawn
     engine.close()
-    shape = (len(groups), g, tokens_PS.shape[1])  # the run's prompt width
     rollout = rollout._replace(
-      prompt_tokens_PGS=np.broadcast_to(tokens_PS[:, None], shape),
-      prompt_mask_PGS=np.broadcast_to(mask_PS[:, None], shape),
+      **_fit_prompts(
+        rollout.prompt_tokens_PGS,
+        rollout.prompt_mask_PGS,
+        tokens_PS,  # the run's prompt width; empty rows: the group's
+        mask_PS,
+        type(strategy).__name__,
+      )
     )
   scored = score(rollout)
   for round_ in range(strategy.max_rounds):
@@ -165,6 +172,30 @@ def sample_groups(
   return scored, state
 
 
+def _fit_prompts(tokens_PGS, mask_PGS, group_PS, group_mask_PS, name):
+  """A drawn rollout's prompts left-padded to the run's prompt width (that
+  of the groups' prompts `group_PS`); an empty row gets its group's."""
+  tokens_PGS, mask_PGS = np.asarray(tokens_PGS), np.asarray(mask_PGS) > 0
+  width = group_PS.shape[1]
+  lengths = mask_PGS.sum(-1)
+  if lengths.size and lengths.max() > width:
+    raise UserError(
+      f"{name}.draw made a prompt of {lengths.max()} tokens, over"
+      f" task.max_prompt_tokens={width}; raise it."
+    )
+  p, g, _ = tokens_PGS.shape
+  tokens = np.zeros((p, g, width), np.int32)
+  mask = np.zeros((p, g, width), np.int32)
+  for i in range(p):
+    for j in range(g):
+      row = tokens_PGS[i, j][mask_PGS[i, j]]
+      if not len(row):
+        row = group_PS[i][np.asarray(group_mask_PS[i]) > 0]
+      tokens[i, j, width - len(row) :] = row
+      mask[i, j, width - len(row) :] = 1
+  return {"prompt_tokens_PGS": tokens, "prompt_mask_PGS": mask}
+
+
 def _scores(scored, members) -> rollouts.Scores:
   r = scored.rollout
   p, g, _ = r.tokens_PGT.shape
@@ -178,4 +209,5 @@ def _scores(scored, members) -> rollouts.Scores:
     members=[list(row) for row in members],
     completions=[scored.completions[i * g : (i + 1) * g] for i in range(p)],
     surprise=-np.sum(r.full_logp_PGT * mask, -1) / np.maximum(mask.sum(-1), 1),
+    rollout=r,
   )
