@@ -9,6 +9,7 @@ recipe in ``Batch.extra["stream_PG"]``. Configs name strategies
 (``sampler.groups``, `get`).
 """
 
+from rljax.rollouts._base import Drawn
 from rljax.rollouts._base import Group
 from rljax.rollouts._base import GroupStrategy
 from rljax.rollouts._base import Member
@@ -20,6 +21,7 @@ from rljax.rollouts._budgets import BUDGET_STREAM
 from rljax.rollouts._budgets import HBPO_TEMPLATE
 from rljax.rollouts._budgets import BudgetSubgroups
 from rljax.rollouts._budgets import subgroup_sizes
+from rljax.rollouts._partial import PartialRollouts
 from rljax.rollouts._strategies import EXPLORE
 from rljax.rollouts._strategies import HINTED
 from rljax.rollouts._strategies import INJECTED
@@ -48,11 +50,13 @@ __all__ = [
   "PRIVILEGED",
   "STRATEGIES",
   "BudgetSubgroups",
+  "Drawn",
   "Group",
   "GroupStrategy",
   "InContextDemos",
   "InjectAnswer",
   "Member",
+  "PartialRollouts",
   "PrivilegedContext",
   "ReplaySuccesses",
   "Scores",

@@ -94,6 +94,18 @@ class Scores(NamedTuple):
   rollout: Optional[Rollout] = None
 
 
+class Drawn(NamedTuple):
+  """What `GroupStrategy.draw` returns (a plain ``(rollout, extra)`` pair
+  also does)."""
+
+  rollout: Rollout  # [P, G]
+  extra: dict = {}  # named side arrays for Batch.extra (_PG layouts)
+  # the groups the rows belong to, when they are not the step's new
+  # prompts (groups carried over from earlier steps); None: those
+  groups: Optional[list] = None
+  state: Optional[State] = None  # the strategy's state after drawing
+
+
 class GroupStrategy:
   """Builds the samples of each group (see the module docstring).
 
@@ -118,6 +130,13 @@ class GroupStrategy:
     """The state before the first step (default: empty)."""
     return {}
 
+  def new_prompts(self, batch: int, state: State) -> int:
+    """How many new prompts the prompt sampler picks this step for a batch
+    of `batch` groups (default: `batch`; a strategy that carries groups
+    across steps asks for fewer, or more to fill its pool)."""
+    del state
+    return batch
+
   def draw(
     self,
     engine,
@@ -132,19 +151,22 @@ class GroupStrategy:
     groups: Sequence[Group] = (),
     step: int = 0,
     state: Optional[State] = None,
-  ) -> Optional[tuple[Rollout, dict[str, np.ndarray]]]:
+    batch: Optional[int] = None,
+  ) -> Optional[Drawn]:
     """Sample the groups itself with the engine (trees of forks, ...):
     the [P, G] `Rollout` of the unpadded prompt token lists `prompts`
     (``counts`` samples each; `groups` describes them) and named side
     arrays for ``Batch.extra`` (``_PG`` layouts, e.g. a tree's ancestor
-    ids); None (the default): the groups are the members of `plan`.
+    ids), as a `Drawn`; None (the default): the groups are the members of
+    `plan`. A strategy that keeps groups across steps returns the `batch`
+    groups it trains (`Drawn.groups`) and its new state.
 
     The rollout's prompts are what the update conditions on, row by row
     (a sample drawn from a longer context may train on another one); the
     trainer left-pads them to the run's prompt width. `state` is read-only
     here: `update` returns the next one."""
     del engine, model, prompts, counts, key, max_new_tokens, width
-    del temperature, groups, step, state
+    del temperature, groups, step, state, batch
     return None
 
   def plan(self, group: Group, step: int, state: State) -> list[Member]:

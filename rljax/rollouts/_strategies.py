@@ -15,6 +15,7 @@ from rljax.rollouts._base import Member
 from rljax.rollouts._base import Scores
 from rljax.rollouts._base import State
 from rljax.rollouts._budgets import BudgetSubgroups
+from rljax.rollouts._partial import PartialRollouts
 from rljax.rollouts._trees import TreeRollouts
 
 #: Batch.extra["stream_PG"] values of the strategies below
@@ -520,6 +521,7 @@ STRATEGIES = {
   "inject_answer": InjectAnswer,
   "replay": ReplaySuccesses,
   "budget_subgroups": BudgetSubgroups,
+  "partial": PartialRollouts,
 }
 
 

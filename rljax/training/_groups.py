@@ -34,14 +34,20 @@ def sample_groups(
   width: int,
   temperature: float,
   mesh=None,
+  batch=None,
 ):
-  """(this process's `Scored` rows, the strategy's new state)."""
+  """(this process's `Scored` rows, the strategy's new state).
+
+  `prompt_ids` are the step's new prompts (`counts` samples each); the
+  batch has `batch` groups (default: one per new prompt), which a
+  strategy that carries groups across steps chooses itself (`Drawn`)."""
   examples = [task.train[int(i)] for i in prompt_ids]
   prompts = [task.format_prompt(e) for e in examples]
   groups = [
     rollouts.Group(e, t, int(i), int(n))
     for e, t, i, n in zip(examples, prompts, prompt_ids, counts)
   ]
+  batch = len(groups) if batch is None else batch
   g = int(np.max(counts)) if len(counts) else 0
   members = []
   for group in groups:
@@ -102,7 +108,10 @@ def sample_groups(
       extra=extra,
     )
 
-  tokens_PS, mask_PS = encode(prompts)
+  if prompts:
+    tokens_PS, mask_PS = encode(prompts)
+  else:  # a strategy with enough groups carried over takes no new prompt
+    tokens_PS = mask_PS = np.zeros((0, prompt_width), np.int32)
   drawn = strategy.draw(
     engine,
     model,
@@ -115,13 +124,31 @@ def sample_groups(
     groups=groups,
     step=step,
     state=state,
+    batch=batch,
   )
   extra = {}
   if drawn is None:
     rollout = sample(members, jax.random.fold_in(key, 0))
   else:
-    rollout, extra = drawn
+    drawn = rollouts.Drawn(*drawn)
+    rollout, extra = drawn.rollout, drawn.extra
     engine.close()
+    if drawn.groups is not None:  # the groups it trains
+      groups = list(drawn.groups)
+      examples = [gr.example for gr in groups]
+      prompts = [gr.prompt for gr in groups]
+      prompt_ids = np.asarray([gr.prompt_id for gr in groups], np.int64)
+      g = np.shape(rollout.tokens_PGT)[1]
+      members = [[rollouts.Member()] * gr.num_samples for gr in groups]
+      members = [row + [None] * (g - len(row)) for row in members]
+      tokens_PS, mask_PS = encode(prompts)
+    if drawn.state is not None:
+      state = drawn.state
+    if len(groups) != batch:
+      raise UserError(
+        f"{type(strategy).__name__}.draw returned {len(groups)} groups for"
+        f" a batch of {batch}."
+      )
     rollout = rollout._replace(
       **_fit_prompts(
         rollout.prompt_tokens_PGS,

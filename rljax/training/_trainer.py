@@ -590,7 +590,13 @@ class Trainer:
     """The prompt sampler's next global batch: (this process's prompt ids,
     their examples, every prompt's number of samples, the step's sampling
     settings)."""
-    size = self.config.train.prompts_per_step
+    size = batch = self.config.train.prompts_per_step
+    if self.groups is not None:  # it may carry groups over from past steps
+      size = int(self.groups.new_prompts(batch, self.groups_state))
+    if size == 0:
+      chosen = selection.Selection(np.zeros(0, np.int64), np.zeros(0, np.int32))
+      self._temperature = self.config.sampler.temperature
+      return [], [], chosen.num_samples, {}, chosen
     chosen, self.prompt_state = self.prompt_sampler.select(
       self.prompt_state, self._step, size
     )
@@ -612,7 +618,7 @@ class Trainer:
         f" prompt (max_samples {g}); sampler.engine='static' samples the"
         " same number for every prompt: use sampler.engine='continuous'."
       )
-    ids = chosen.prompt_ids[self.rows]
+    ids = chosen.prompt_ids[self.rows] if size == batch else chosen.prompt_ids
     examples = [self.task.train[int(i)] for i in ids]
     settings = chosen.settings or {}
     # The step's temperature: sampling, scoring and the update use it.
@@ -643,6 +649,7 @@ class Trainer:
         width=s.max_new_tokens,
         temperature=self._temperature,
         mesh=self.mesh,
+        batch=self.config.train.prompts_per_step,
       )
       return scored
     # Every rollout has G = the sampler's max_samples (one compiled update).
