@@ -30,6 +30,7 @@ from rljax.advantages._group import pass_at_k
 from rljax.advantages._group import remax
 from rljax.advantages._group import rloo
 from rljax.advantages._returns import discounted_returns
+from rljax.advantages._returns import egae
 from rljax.advantages._returns import gae
 from rljax.advantages._returns import outcome_to_token_rewards
 from rljax.advantages._returns import reinforce_pp
@@ -85,6 +86,7 @@ __all__ = [
   "distinct_fraction",
   "distinctiveness_mask",
   "dr_grpo",
+  "egae",
   "gae",
   "gdpo",
   "gpg",

@@ -17,13 +17,15 @@ from rljax._src import stats
 from rljax.advantages import _group
 
 
-def _reverse_scan(step, num_carry: int, *xs_T: jax.Array) -> jax.Array:
-  """Runs `step` from the last token to the first; outputs [..., T]."""
+def _reverse_scan(step, num_carry: int, *xs_T: jax.Array, init=None):
+  """Runs `step` from the last token to the first; outputs [..., T].
+  `init`: the first carry (default zeros)."""
   xs = tuple(jnp.moveaxis(x, -1, 0) for x in xs_T)
   # Zeros built from the data keep its sharding (explicit-axes meshes
   # require the carry to have the same sharding type as the scan body's).
   zero = jnp.zeros_like(xs[0][0])
-  _, ys = jax.lax.scan(step, (zero,) * num_carry, xs, reverse=True)
+  init = (zero,) * num_carry if init is None else init
+  _, ys = jax.lax.scan(step, init, xs, reverse=True)
   return jnp.moveaxis(ys, 0, -1)
 
 
@@ -242,4 +244,61 @@ def gae(
     return (next_value, last_adv), last_adv
 
   adv = _reverse_scan(step, 2, r, v, m)
+  return adv * m, (adv + v) * m
+
+
+def egae(
+  token_rewards_PGT: ArrayLike,
+  values_PGT: ArrayLike,
+  mask_PGT: ArrayLike,
+  unfinished_PG: ArrayLike,
+  *,
+  gamma: float = 1.0,
+  lam: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+  """Extended GAE of T-PPO (arXiv 2506.15050, section 3): GAE on responses
+  that are still being generated.
+
+  A response cut at its l-th token has no next state's value; EGAE uses
+  the last one, V(s_l) ~ V(s_{l-1}), so the last step of an unfinished
+  response is delta = r + gamma V(s_{l-1}) - V(s_{l-1}), and the rest
+  is `gae` (whose value after the end is 0, as for finished responses):
+  A_t = sum_k (gamma lam)^k delta_{t+k}. Unfinished responses have no
+  outcome yet: give them 0 rewards. We read the method from the paper's
+  abstract and the catalog's formula (row 1.8: the body was not
+  available here).
+
+  Args:
+    token_rewards_PGT, values_PGT, mask_PGT: as `gae`.
+    unfinished_PG: [...] 1 for a response still running.
+    gamma, lam: as `gae`.
+
+  Returns:
+    (advantages, returns), [..., T] float32, 0 at masked tokens.
+  """
+  checks.in_range("gamma", gamma, 0.0, 1.0)
+  checks.in_range("lam", lam, 0.0, 1.0)
+  names = ["token_rewards_PGT", "values_PGT", "mask_PGT"]
+  checks.same_shape(names, token_rewards_PGT, values_PGT, mask_PGT)
+  if jnp.shape(unfinished_PG) != jnp.shape(mask_PGT)[:-1]:
+    raise ValueError(
+      f"unfinished_PG has shape {jnp.shape(unfinished_PG)}; it must be"
+      f" mask_PGT's without the token axis, {jnp.shape(mask_PGT)[:-1]}."
+    )
+  r, v, m = (stats.f32(a) for a in (token_rewards_PGT, values_PGT, mask_PGT))
+  last = (m > 0) & (jnp.cumsum(m[..., ::-1] > 0, -1)[..., ::-1] == 1)
+  v_last = jnp.sum(jnp.where(last, v, 0.0), -1)
+  bootstrap = v_last * stats.f32(unfinished_PG)
+
+  def step(carry, rvm):
+    next_value, last_adv = carry
+    r_t, v_t, m_t = rvm
+    adv = r_t + gamma * next_value - v_t + gamma * lam * last_adv
+    next_value = v_t * m_t + (1 - m_t) * next_value
+    last_adv = adv * m_t + (1 - m_t) * last_adv
+    return (next_value, last_adv), last_adv
+
+  adv = _reverse_scan(
+    step, 2, r, v, m, init=(bootstrap, jnp.zeros_like(bootstrap))
+  )
   return adv * m, (adv + v) * m

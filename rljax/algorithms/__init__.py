@@ -11,6 +11,8 @@ from rljax.algorithms._offpolicy import kimi_opmd
 from rljax.algorithms._offpolicy import mdpo
 from rljax.algorithms._offpolicy import rec
 from rljax.algorithms._offpolicy import reg_grpo
+from rljax.algorithms._partial import c3po_pp
+from rljax.algorithms._partial import tppo
 from rljax.algorithms._presets import PRESETS
 from rljax.algorithms._presets import bnpo
 from rljax.algorithms._presets import cispo
@@ -62,6 +64,7 @@ __all__ = [
   "aspo",
   "bapo",
   "bnpo",
+  "c3po_pp",
   "cispo",
   "copo",
   "d3s",
@@ -104,6 +107,7 @@ __all__ = [
   "spo",
   "thinkless",
   "tlts",
+  "tppo",
   "treepo",
   "vcpo",
 ]

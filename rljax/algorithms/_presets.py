@@ -19,6 +19,7 @@ from rljax._src.base import chain
 from rljax.algorithms import _bounds
 from rljax.algorithms import _budgets
 from rljax.algorithms import _offpolicy
+from rljax.algorithms import _partial
 from rljax.algorithms import _single_stream
 from rljax.algorithms import _stateful
 from rljax.algorithms import _streams
@@ -249,6 +250,7 @@ _FAMILIES = (
   _bounds,
   _budgets,
   _offpolicy,
+  _partial,
   _single_stream,
   _stateful,
   _streams,

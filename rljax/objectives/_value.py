@@ -7,6 +7,7 @@ from jax.typing import ArrayLike
 from rljax import aggregate as aggregate_lib
 from rljax import losses
 from rljax._src import checks
+from rljax._src import stats
 from rljax._src.base import Aggregation
 from rljax._src.base import Batch
 from rljax._src.base import Mean
@@ -39,6 +40,8 @@ def value_loss(
       values_PGT, batch.old_values_PGT, batch.returns_PGT, eps=eps
     )
   mask = batch.loss_mask()
+  if batch.extra and "value_mask_PGT" in batch.extra:  # e.g. T-PPO's
+    mask = mask * stats.f32(batch.extra["value_mask_PGT"])
   loss = aggregate(out.loss, mask)
   metrics = {
     "value_loss": loss,

@@ -61,11 +61,19 @@ class PartialRollouts(GroupStrategy):
     max_lag: restart a group whose oldest token was drawn more than this
       many steps ago (its samples are discarded and drawn again); None:
       never. Our option: neither paper specifies one.
+    train_unfinished: T-PPO (catalog row 1.8, arXiv 2506.15050): every
+      step decodes one window of `segment` tokens and trains the `batch`
+      oldest groups whether or not their samples ended;
+      ``Batch.extra["unfinished_PG"]`` marks the samples still running
+      (for `rljax.transforms.egae_advantages`, which trains each token in
+      the window that drew it, ``lag_PG`` 0). A trained group stays in
+      flight until all its samples end.
   """
 
   segment: int = 64
   in_flight: float = 2.0
   max_lag: Optional[int] = None
+  train_unfinished: bool = False
   task: object = dataclasses.field(default=None, repr=False, compare=False)
 
   def __post_init__(self):
@@ -114,6 +122,28 @@ class PartialRollouts(GroupStrategy):
       flight.restart_older_than(step - int(self.max_lag))
     for prompt, n, g in zip(prompts, counts, groups):
       flight.admit(g.prompt_id, prompt, int(n), step)
+    if self.train_unfinished:
+      if len(flight.ids) < batch:
+        raise ValueError(
+          f"PartialRollouts: {len(flight.ids)} groups in flight for a batch"
+          f" of {batch}; in_flight={self.in_flight} must be >= 1."
+        )
+      flight.decode(
+        engine,
+        model,
+        key=key,
+        segment=self.segment,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        step=step,
+      )
+      taken = np.arange(batch)  # the oldest, ended or not
+      rollout, lag = flight.rollout(taken, step)
+      unfinished = ~flight.done[taken]
+      extra = {"lag_PG": lag, "unfinished_PG": unfinished}
+      out_groups = self._groups(flight, taken)
+      flight.drop(taken[~unfinished.any(axis=1)])
+      return Drawn(rollout, extra, out_groups, flight.save())
     rounds = 0
     while flight.complete().size < batch:
       if not flight.decode(
@@ -133,10 +163,15 @@ class PartialRollouts(GroupStrategy):
       rounds += 1
     taken = flight.complete()[:batch]  # the oldest complete groups
     rollout, lag = flight.rollout(taken, step)
-    out_groups = []
+    out_groups = self._groups(flight, taken)
+    flight.drop(taken)
+    return Drawn(rollout, {"lag_PG": lag}, out_groups, flight.save())
+
+  def _groups(self, flight, taken) -> list[Group]:
+    out = []
     for a in taken:
       example = self.task.train[int(flight.ids[a])]
-      out_groups.append(
+      out.append(
         Group(
           example,
           self.task.format_prompt(example),
@@ -144,8 +179,7 @@ class PartialRollouts(GroupStrategy):
           int(flight.counts[a]),
         )
       )
-    flight.drop(taken)
-    return Drawn(rollout, {"lag_PG": lag}, out_groups, flight.save())
+    return out
 
 
 class _Flight:

@@ -4,6 +4,7 @@ Rewards -> shaping -> filters -> advantages -> importance weights. Each factory
 returns a `rljax.Transform`; compose them with `rljax.chain`.
 """
 
+from rljax.transforms._advantages import egae_advantages
 from rljax.transforms._advantages import gae_advantages
 from rljax.transforms._advantages import gdpo_advantages
 from rljax.transforms._advantages import group_advantages
@@ -152,6 +153,7 @@ __all__ = [
   "dynamic_sampling",
   "empo_rewards",
   "etr_bounds",
+  "egae_advantages",
   "gae_advantages",
   "gdpo_advantages",
   "group_advantages",

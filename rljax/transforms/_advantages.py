@@ -161,3 +161,56 @@ def gae_advantages(
     return batch._replace(advantages_PGT=adv, returns_PGT=returns)
 
   return stateless_prepare(fn)
+
+
+def egae_advantages(
+  *, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True
+) -> Transform:
+  """T-PPO's advantages (arXiv 2506.15050) over windows of partial
+  rollouts (`rljax.rollouts.PartialRollouts` with ``train_unfinished``).
+
+  * `rljax.advantages.egae` over `old_values_PGT`, the samples still
+    running (``Batch.extra["unfinished_PG"]``) bootstrapped from their
+    last value and given no outcome reward;
+  * the policy trains each token once, in the window that drew it
+    (``extra["lag_PG"]`` 0): earlier windows' tokens get policy weight 0;
+  * the value model trains on finished responses only (``extra
+    ["value_mask_PGT"]``, read by `rljax.objectives.value_loss`).
+
+  Whitening as `gae_advantages`, over the tokens the policy trains.
+  Without those extras it is `gae_advantages`.
+  """
+
+  def fn(batch: Batch) -> Batch:
+    batch.require("old_values_PGT", by="egae_advantages")
+    extra = batch.extra or {}
+    mask = batch.loss_mask()
+    unfinished = stats.f32(
+      extra.get("unfinished_PG", jax.numpy.zeros(batch.shape[:2]))
+    )
+    rewards = token_rewards(batch) * (1 - unfinished)[..., None]
+    adv, returns = advantages.egae(
+      rewards,
+      batch.old_values_PGT,
+      mask,
+      unfinished,
+      gamma=gamma,
+      lam=lam,
+    )
+    window = mask
+    if "lag_PG" in extra:
+      window = mask * (extra["lag_PG"] == 0)
+    if whiten:
+      adv = advantages.whiten(adv, window)
+    weights = (
+      window
+      if batch.policy_weights_PGT is None
+      else (stats.f32(batch.policy_weights_PGT) * window)
+    )
+    return batch._replace(
+      advantages_PGT=adv * window,
+      returns_PGT=returns,
+      policy_weights_PGT=weights,
+    ).with_extra(value_mask_PGT=mask * (1 - unfinished)[..., None])
+
+  return stateless_prepare(fn)

@@ -187,3 +187,40 @@ def test_trainer_carries_groups_and_resumes_exactly(tmp_path):
   a, b = first.step(2), resumed.step(2)
   assert a["reward"] == b["reward"]
   assert rollouts.get("partial", segment=1).segment == 1
+
+
+def test_train_unfinished_trains_every_window(model):
+  strategy = rollouts.PartialRollouts(
+    segment=1, in_flight=1, train_unfinished=True
+  ).prepare(_task())
+  state = strategy.init()
+  out = _draw(strategy, model, [0, 1], state, step=0)
+  r = out.rollout
+  assert [g.prompt_id for g in out.groups] == [0, 1]
+  assert np.all(r.mask_PGT.sum(-1) == 1)  # one window of one token
+  ended = r.tokens_PGT[..., 0] == STOP
+  np.testing.assert_array_equal(out.extra["unfinished_PG"], ~ended)
+  held = list(out.state["ids"])  # groups with a sample still running
+  assert held == [i for i in (0, 1) if not ended[i].all()]
+  new = strategy.new_prompts(2, out.state)
+  assert new == 2 - len(held)
+  out1 = _draw(strategy, model, [2, 3][:new], out.state, step=1)
+  assert [g.prompt_id for g in out1.groups][: len(held)] == held
+  for i in range(len(held)):
+    for j in range(2):
+      lag = out1.extra["lag_PG"][i, j]
+      if ended[held[i], j]:  # ended at step 0 (prompt ids are rows)
+        assert out1.rollout.mask_PGT[i, j].sum() == 1 and lag[0] == 1
+      else:  # one more token this step
+        np.testing.assert_array_equal(lag[:2], [1, 0])
+
+
+@pytest.mark.slow  # a value model: about 40 s
+def test_tppo_and_c3po_configs_train(tmp_path):
+  root = CONFIG.parent
+  for name in ("tppo", "c3po_pp", "kimi_partial"):
+    config = testing.tiny_run_config(
+      root / f"{name}.py", tmp_path / name, "train.steps=2"
+    )
+    summary = Trainer(config).run()
+    assert np.isfinite(summary["history"][-1]["loss"])
