@@ -124,7 +124,7 @@ def measure(name, model, args) -> dict:
   pages = -(-(32 + args.cap) // 16)
   engine = sampling.Engine(
     config,
-    slots=args.rows,
+    slots=args.engine_slots or args.rows,
     page_size=16,
     num_pages=1 + args.rows * pages,  # the static cache's size
     max_length=32 + args.cap,
@@ -197,6 +197,13 @@ def main():
   parser.add_argument("--rows", type=int, default=16)
   parser.add_argument("--cap", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument(
+    "--engine-slots",
+    type=int,
+    default=None,
+    help="decode slots of the engine (default: --rows); its page pool"
+    " stays the static cache's size, so more slots share the same memory",
+  )
   parser.add_argument("--quick", action="store_true", help="random model only")
   args = parser.parse_args()
   load = subprocess.run(["uptime"], capture_output=True, text=True).stdout

@@ -2,10 +2,12 @@
 aggregation. `get(name, **kwargs)` looks one up by name; `docs/papers.md`
 lists each seed paper's preset or composition."""
 
+from rljax.algorithms._anytime import brpo
 from rljax.algorithms._bounds import bapo
 from rljax.algorithms._bounds import dcpo
 from rljax.algorithms._budgets import hbpo
 from rljax.algorithms._budgets import tlts
+from rljax.algorithms._markovian import delethink
 from rljax.algorithms._offpolicy import disco
 from rljax.algorithms._offpolicy import kimi_opmd
 from rljax.algorithms._offpolicy import mdpo
@@ -28,6 +30,8 @@ from rljax.algorithms._presets import reinforce_pp
 from rljax.algorithms._presets import remax
 from rljax.algorithms._presets import rloo
 from rljax.algorithms._presets import sapo
+from rljax.algorithms._replay import remix
+from rljax.algorithms._segments import spo_segment
 from rljax.algorithms._single_stream import spo
 from rljax.algorithms._stateful import empo
 from rljax.algorithms._stateful import hapo
@@ -64,6 +68,7 @@ __all__ = [
   "aspo",
   "bapo",
   "bnpo",
+  "brpo",
   "c3po_pp",
   "cispo",
   "copo",
@@ -71,6 +76,7 @@ __all__ = [
   "dapo",
   "dcpo",
   "dcpo_dist",
+  "delethink",
   "disco",
   "dr_grpo",
   "empo",
@@ -83,8 +89,8 @@ __all__ = [
   "gtpo",
   "hapo",
   "hbpo",
-  "icpo",
   "hdpo",
+  "icpo",
   "kepo",
   "kimi_opmd",
   "l_grpo",
@@ -99,12 +105,14 @@ __all__ = [
   "reg_grpo",
   "reinforce_pp",
   "remax",
+  "remix",
   "riskpo",
   "rloo",
   "rto",
   "sapo",
   "seed_grpo",
   "spo",
+  "spo_segment",
   "thinkless",
   "tlts",
   "tppo",

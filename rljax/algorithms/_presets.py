@@ -16,10 +16,14 @@ from rljax import transforms
 from rljax._src.base import Algorithm
 from rljax._src.base import Transform
 from rljax._src.base import chain
+from rljax.algorithms import _anytime
 from rljax.algorithms import _bounds
 from rljax.algorithms import _budgets
+from rljax.algorithms import _markovian
 from rljax.algorithms import _offpolicy
 from rljax.algorithms import _partial
+from rljax.algorithms import _replay
+from rljax.algorithms import _segments
 from rljax.algorithms import _single_stream
 from rljax.algorithms import _stateful
 from rljax.algorithms import _streams
@@ -247,10 +251,14 @@ PRESETS = {
 
 # The literature's presets, one module per family, join the registry.
 _FAMILIES = (
+  _anytime,
   _bounds,
   _budgets,
+  _markovian,
   _offpolicy,
   _partial,
+  _replay,
+  _segments,
   _single_stream,
   _stateful,
   _streams,

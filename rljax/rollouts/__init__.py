@@ -9,6 +9,8 @@ recipe in ``Batch.extra["stream_PG"]``. Configs name strategies
 (``sampler.groups``, `get`).
 """
 
+from rljax.rollouts._anytime import AnytimeBudgets
+from rljax.rollouts._anytime import sample_anytime
 from rljax.rollouts._base import Drawn
 from rljax.rollouts._base import Group
 from rljax.rollouts._base import GroupStrategy
@@ -21,7 +23,18 @@ from rljax.rollouts._budgets import BUDGET_STREAM
 from rljax.rollouts._budgets import HBPO_TEMPLATE
 from rljax.rollouts._budgets import BudgetSubgroups
 from rljax.rollouts._budgets import subgroup_sizes
+from rljax.rollouts._instructions import INSTRUCTED
+from rljax.rollouts._instructions import InstructionPopulation
+from rljax.rollouts._instructions import recombine
+from rljax.rollouts._markovian import MarkovianChunks
+from rljax.rollouts._markovian import carryover
+from rljax.rollouts._markovian import sample_chunks
 from rljax.rollouts._partial import PartialRollouts
+from rljax.rollouts._replay import REPLAYED
+from rljax.rollouts._replay import MixPolicyReplay
+from rljax.rollouts._segments import SegmentRollouts
+from rljax.rollouts._segments import sample_continuations
+from rljax.rollouts._segments import segment_cutpoints
 from rljax.rollouts._strategies import EXPLORE
 from rljax.rollouts._strategies import HINTED
 from rljax.rollouts._strategies import INJECTED
@@ -46,29 +59,42 @@ __all__ = [
   "HBPO_TEMPLATE",
   "HINTED",
   "INJECTED",
+  "INSTRUCTED",
   "PLAIN",
   "PRIVILEGED",
+  "REPLAYED",
   "STRATEGIES",
+  "AnytimeBudgets",
   "BudgetSubgroups",
   "Drawn",
   "Group",
   "GroupStrategy",
   "InContextDemos",
   "InjectAnswer",
+  "InstructionPopulation",
+  "MarkovianChunks",
   "Member",
+  "MixPolicyReplay",
   "PartialRollouts",
   "PrivilegedContext",
   "ReplaySuccesses",
   "Scores",
+  "SegmentRollouts",
   "SolutionHints",
   "State",
   "TemperatureStream",
   "TieredHints",
   "TreeRollouts",
+  "carryover",
   "get",
   "icpo_demonstrations",
+  "recombine",
+  "sample_chunks",
+  "sample_continuations",
+  "sample_anytime",
   "sample_members",
   "sample_trees",
+  "segment_cutpoints",
   "splice",
   "subgroup_sizes",
 ]

@@ -12,7 +12,7 @@ writes them into the batch; which recipe made each sample reaches the
 algorithm as ``Batch.extra["stream_PG"]`` (the members' ``stream``).
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -22,6 +22,8 @@ from rljax import sampling
 from rljax.sampling import Rollout
 
 State = dict[str, Any]  # JSON values and numpy arrays (checkpointed)
+# (rollout [R, N], rows: the group of each row) -> total rewards [R, N]
+Scorer = Callable[[Rollout, Sequence[int]], np.ndarray]
 
 
 class Member(NamedTuple):
@@ -152,6 +154,7 @@ class GroupStrategy:
     step: int = 0,
     state: Optional[State] = None,
     batch: Optional[int] = None,
+    score: Optional[Scorer] = None,
   ) -> Optional[Drawn]:
     """Sample the groups itself with the engine (trees of forks, ...):
     the [P, G] `Rollout` of the unpadded prompt token lists `prompts`
@@ -164,10 +167,20 @@ class GroupStrategy:
     The rollout's prompts are what the update conditions on, row by row
     (a sample drawn from a longer context may train on another one); the
     trainer left-pads them to the run's prompt width. `state` is read-only
-    here: `update` returns the next one."""
+    here: `update` returns the next one. `score(rollout, rows)` gives the
+    task's total reward of each sample of an [R, N] rollout whose row r
+    samples ``groups[rows[r]]`` (for samples that only value a state, such
+    as Monte Carlo continuations)."""
     del engine, model, prompts, counts, key, max_new_tokens, width
-    del temperature, groups, step, state, batch
+    del temperature, groups, step, state, batch, score
     return None
+
+  def scoring_rollout(self, rollout: Rollout, extra: dict) -> Rollout:
+    """The rollout the task's rewards score in place of a drawn one (e.g.
+    each chunk row scored as its whole trace); the batch keeps the drawn
+    one. Default: `rollout`."""
+    del extra
+    return rollout
 
   def plan(self, group: Group, step: int, state: State) -> list[Member]:
     """The members of `group` (``group.num_samples`` of them) before any

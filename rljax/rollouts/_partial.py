@@ -111,7 +111,9 @@ class PartialRollouts(GroupStrategy):
     step=0,
     state=None,
     batch=None,
+    score=None,
   ):
+    del score
     if self.task is None:
       raise ValueError(
         "PartialRollouts needs its task: call prepare(task) (the trainer does)."

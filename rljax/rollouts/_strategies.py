@@ -9,13 +9,18 @@ from typing import Any, Optional
 import numpy as np
 
 from rljax._src import checks
+from rljax.rollouts._anytime import AnytimeBudgets
 from rljax.rollouts._base import Group
 from rljax.rollouts._base import GroupStrategy
 from rljax.rollouts._base import Member
 from rljax.rollouts._base import Scores
 from rljax.rollouts._base import State
 from rljax.rollouts._budgets import BudgetSubgroups
+from rljax.rollouts._instructions import InstructionPopulation
+from rljax.rollouts._markovian import MarkovianChunks
 from rljax.rollouts._partial import PartialRollouts
+from rljax.rollouts._replay import MixPolicyReplay
+from rljax.rollouts._segments import SegmentRollouts
 from rljax.rollouts._trees import TreeRollouts
 
 #: Batch.extra["stream_PG"] values of the strategies below
@@ -514,6 +519,7 @@ class ReplaySuccesses(GroupStrategy):
 STRATEGIES = {
   "privileged": PrivilegedContext,
   "tree": TreeRollouts,
+  "segments": SegmentRollouts,
   "icpo_demos": InContextDemos,
   "temperature_stream": TemperatureStream,
   "tiered_hints": TieredHints,
@@ -521,7 +527,11 @@ STRATEGIES = {
   "inject_answer": InjectAnswer,
   "replay": ReplaySuccesses,
   "budget_subgroups": BudgetSubgroups,
+  "anytime": AnytimeBudgets,
+  "markovian": MarkovianChunks,
   "partial": PartialRollouts,
+  "mix_policy_replay": MixPolicyReplay,
+  "instructions": InstructionPopulation,
 }
 
 

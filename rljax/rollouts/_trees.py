@@ -157,7 +157,7 @@ class TreeRollouts(GroupStrategy):
     return int(np.prod(self.branching))
 
   def draw(self, engine, model, prompts, counts, **kwargs):
-    for k in ("groups", "step", "state", "batch"):
+    for k in ("groups", "step", "state", "batch", "score"):
       kwargs.pop(k, None)
     counts = np.asarray(counts)
     if np.any(counts != self.num_leaves):

@@ -97,8 +97,8 @@ def sample_groups(
       [[0 if m is None else m.stream for m in row] for row in members],
       np.int32,
     )
-    return _rollout.score_rollout(
-      rollout,
+    scored = _rollout.score_rollout(
+      strategy.scoring_rollout(rollout, extra),
       tokenizer,
       task,
       examples,
@@ -107,6 +107,18 @@ def sample_groups(
       streams=streams,
       extra=extra,
     )
+    return scored._replace(rollout=rollout)
+
+  def score_rows(rollout, rows):
+    """The total rewards of an [R, N] rollout of groups `rows`."""
+    rows = [int(i) for i in rows]
+    return _rollout.score_rollout(
+      rollout,
+      tokenizer,
+      task,
+      [examples[i] for i in rows],
+      [prompts[i] for i in rows],
+    ).rewards_PG
 
   if prompts:
     tokens_PS, mask_PS = encode(prompts)
@@ -125,6 +137,7 @@ def sample_groups(
     step=step,
     state=state,
     batch=batch,
+    score=score_rows,
   )
   extra = {}
   if drawn is None:

@@ -16,6 +16,10 @@ from rljax.transforms._advantages import sequence_rewards
 from rljax.transforms._advantages import token_rewards
 from rljax.transforms._allocation import xrpo_novelty_advantages
 from rljax.transforms._allocation import xrpo_novelty_bonus
+from rljax.transforms._anytime import brpo_advantages
+from rljax.transforms._anytime import brpo_advantages_of
+from rljax.transforms._anytime import brpo_chunk_advantages
+from rljax.transforms._anytime import budget_prior
 from rljax.transforms._bounds import dcpo_sas_advantages
 from rljax.transforms._bounds import etr_bounds
 from rljax.transforms._bounds import hapo_entropy_scores
@@ -43,6 +47,16 @@ from rljax.transforms._group_rewards import spo_win_rates
 from rljax.transforms._group_rewards import success_gated_rewards
 from rljax.transforms._group_rewards import tp_grpo_rewards
 from rljax.transforms._group_rewards import win_rate_rewards
+from rljax.transforms._markovian import delethink_advantages
+from rljax.transforms._markovian import delethink_advantages_of
+from rljax.transforms._markovian import final_chunks
+from rljax.transforms._markovian import trace_length_norm
+from rljax.transforms._markovian import trace_lengths_of
+from rljax.transforms._replay import RemixState
+from rljax.transforms._replay import kl_convex
+from rljax.transforms._replay import remix
+from rljax.transforms._replay import remix_behaviour_logp
+from rljax.transforms._replay import remix_loss
 from rljax.transforms._rewards import adaptive_kl_in_reward
 from rljax.transforms._rewards import clip_rewards
 from rljax.transforms._rewards import kl_in_reward
@@ -53,6 +67,8 @@ from rljax.transforms._reweight import arm_advantages
 from rljax.transforms._reweight import grpo_s_rewards
 from rljax.transforms._reweight import rapo_weights
 from rljax.transforms._reweight import red_drop_advantages
+from rljax.transforms._segments import spo_chain_advantages
+from rljax.transforms._segments import spo_chain_advantages_of
 from rljax.transforms._selection import dynamic_sampling
 from rljax.transforms._selection import informative_groups
 from rljax.transforms._selection import kept_groups
@@ -119,6 +135,7 @@ __all__ = [
   "AresState",
   "COPO_MIX",
   "D3SState",
+  "RemixState",
   "adaptive_kl_in_reward",
   "adaptive_process_rewards",
   "adora_advantages",
@@ -129,7 +146,11 @@ __all__ = [
   "arm_advantages",
   "aspo_shaping",
   "StepState",
+  "brpo_advantages",
+  "brpo_advantages_of",
+  "brpo_chunk_advantages",
   "budget_length_reward",
+  "budget_prior",
   "icpo_bonus",
   "icpo_expert_bonus",
   "stream_weights",
@@ -168,6 +189,11 @@ __all__ = [
   "hbpo_budget_reward",
   "hbpo_reward",
   "hbpo_rewards",
+  "delethink_advantages",
+  "delethink_advantages_of",
+  "final_chunks",
+  "trace_length_norm",
+  "trace_lengths_of",
   "hdpo_advantages",
   "hicra",
   "history_length_reward",
@@ -177,6 +203,7 @@ __all__ = [
   "keep_schedule",
   "kept_groups",
   "kimi_length_rewards",
+  "kl_convex",
   "kl_in_reward",
   "l_grpo_rewards",
   "length_budget_curriculum",
@@ -193,6 +220,9 @@ __all__ = [
   "reinforce_pp_advantages",
   "reinforce_pp_baseline_advantages",
   "remax_advantages",
+  "remix",
+  "remix_behaviour_logp",
+  "remix_loss",
   "reward_range_filter",
   "riskpo_advantages",
   "rto_rewards",
@@ -205,6 +235,8 @@ __all__ = [
   "single_stream_rho",
   "single_stream_zscore",
   "soft_advantages",
+  "spo_chain_advantages",
+  "spo_chain_advantages_of",
   "spo_win_rates",
   "stop_properly_penalty",
   "success_gated_rewards",

@@ -19,7 +19,11 @@ PRESETS = sorted(rljax.algorithms.PRESETS)
 KEY = jax.random.key(0)
 # Settings for the test batch's G = 4 (Polychromic's sets of 4 would be the
 # whole group, whose set advantage is zero by definition).
-KWARGS = {"polychromic": {"set_size": 2}}
+KWARGS = {
+  "polychromic": {"set_size": 2},
+  # BRPO: one trace, one budget of 2 tokens, 3 summaries = G rows
+  "brpo": {"budgets": (2,), "num_summaries": 3},
+}
 
 
 def _get(name):
@@ -47,6 +51,27 @@ def _batch(seed, prompts=4):
       None, : pg[1]
     ].repeat(pg[0], 0),
     tree_PG=rng.integers(-1, 2, pg + (2,)).astype(np.int32),  # TreePO
+    # SPO-chain (rollouts.SegmentRollouts): segment starts, their values,
+    # the tokens below the probability threshold
+    spo_cuts_PGT=rng.integers(0, 2, batch.shape).astype(np.int32),
+    spo_values_PGT=rng.random(batch.shape).astype(np.float32),
+    spo_low_prob_PGT=rng.integers(0, 2, batch.shape).astype(np.int32),
+    # Delethink (rollouts.MarkovianChunks): 2 traces of 2 chunks per group
+    trace_PG=np.tile([0, 0, 1, 1], (pg[0], pg[1] // 4)).astype(np.int32),
+    chunk_PG=np.tile([0, 1, 0, 1], (pg[0], pg[1] // 4)).astype(np.int32),
+    # BRPO (rollouts.AnytimeBudgets): a thinking row, 3 summaries of its
+    # first 2 tokens
+    anytime_trace_PG=np.zeros(pg, np.int32),
+    anytime_budget_PG=np.tile([-1, 0, 0, 0], (pg[0], 1)).astype(np.int32),
+    anytime_length_PG=np.tile([0, 2, 2, 2], (pg[0], 1)).astype(np.int32),
+    anytime_chunk_PGT=np.where(
+      (np.arange(batch.shape[2]) < 2)[None, None]
+      & (np.arange(pg[1]) == 0)[None, :, None],
+      0,
+      -1,
+    )
+    .repeat(pg[0], 0)
+    .astype(np.int32),
   )
 
 

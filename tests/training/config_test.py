@@ -68,6 +68,8 @@ MECHANISM_CONFIGS = {
   "arpo_replay": "grpo",
   "campo": "dapo",
   "train_long_think_short": "tlts",
+  "kimi_partial": "kimi_opmd",
+  "inspo": "grpo",
 }
 
 
@@ -90,6 +92,12 @@ def test_one_config_per_preset():
     "aepo_arbitrary",
     "hbpo",
     "treepo",
+    "c3po_pp",
+    "tppo",
+    "spo_segment",
+    "brpo",
+    "delethink",
+    "remix",
   }
   for name in PRESET_CONFIGS:
     config = load_config(CONFIGS / f"{name}.py")
