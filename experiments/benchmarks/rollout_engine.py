@@ -129,6 +129,7 @@ def measure(name, model, args) -> dict:
     num_pages=1 + args.rows * pages,  # the static cache's size
     max_length=32 + args.cap,
     segment=16,
+    refill=args.refill,
   )
   print(f"[{name}] warm-up (compiles)", flush=True)
   run_static(model, prompts, budgets, args.rows)
@@ -197,6 +198,13 @@ def main():
   parser.add_argument("--rows", type=int, default=16)
   parser.add_argument("--cap", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument(
+    "--refill",
+    type=int,
+    default=None,
+    help="freed slots that end a decode segment early (engine default:"
+    " a quarter of the slots)",
+  )
   parser.add_argument(
     "--engine-slots",
     type=int,

@@ -11,13 +11,19 @@ tokens for 16 left-padded prompts, on CPU:
 * transformers: `LlamaForCausalLM.generate(do_sample=False)` (torch, with
   its dynamic KV cache).
 
-Times exclude compilation (reported separately) and take the best of a few
-runs. Run: python experiments/benchmarks/sampler_decode.py
+rljax and transformers alternate for --rounds rounds after a warm-up call
+each (times exclude compilation, reported separately); the report gives
+each one's median time and the median ratio with its range, and writes
+docs/figures/sampler_decode.json. The no-cache loop (minutes) runs once with
+--no-cache. Run: python experiments/benchmarks/sampler_decode.py
 """
 
+import argparse
 import importlib.util
+import json
 import os
 import pathlib
+import subprocess
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -33,6 +39,7 @@ from rljax import checkpoints  # noqa: E402
 from rljax import sampling  # noqa: E402
 
 BATCH, PROMPT, NEW, REPEATS = 16, 16, 64, 2
+OUT = pathlib.Path(__file__).resolve().parents[2] / "docs" / "figures"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -92,7 +99,8 @@ def no_cache_generate(model, tokens_BS, mask_BS):
 
 
 def timed(fn, repeats=REPEATS):
-  """(first-call seconds, best seconds of `repeats` later calls, output)."""
+  """(first-call seconds, best seconds of `repeats` later calls (inf if
+  none), output)."""
   start = time.perf_counter()
   out = jax.block_until_ready(fn())
   first = time.perf_counter() - start
@@ -105,6 +113,12 @@ def timed(fn, repeats=REPEATS):
 
 
 def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument(
+    "--no-cache", action="store_true", help="also time the no-cache loop"
+  )
+  args = parser.parse_args()
   hf, model = build()
   tokens, mask = prompts()
 
@@ -130,31 +144,55 @@ def main():
       )
     return out[:, PROMPT:].numpy()
 
-  rows = [
-    ("rljax generate (KV cache)", *timed(rljax_generate)),
-    # One timed call: the no-cache loop takes minutes on SmolLM2.
-    (
-      "rljax no-cache loop",
-      *timed(no_cache_generate(model, tokens, mask), repeats=1),
-    ),
-    ("transformers generate", *timed(hf_generate)),
-  ]
-  base = rows[0][2]
+  load = subprocess.run(["uptime"], capture_output=True, text=True).stdout
+  print("uptime:", load.strip(), flush=True)
+  # Warm-up (compiles), then the two decoders alternate round by round so
+  # both see the same machine.
+  first = {"rljax": timed(rljax_generate, 0), "hf": timed(hf_generate, 0)}
+  times = {"rljax": [], "hf": []}
+  for r in range(args.rounds):
+    for name, fn in (("rljax", rljax_generate), ("hf", hf_generate)):
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - start)
+    print(
+      f"round {r + 1}: rljax {times['rljax'][-1]:.2f} s, transformers"
+      f" {times['hf'][-1]:.2f} s",
+      flush=True,
+    )
+  ratios = np.asarray(times["hf"]) / np.asarray(times["rljax"])
+  same = float(np.mean(first["hf"][2] == first["rljax"][2]))
   print(
     f"greedy decode, batch {BATCH}, prompt {PROMPT}, {NEW} new tokens, CPU"
     f" ({os.cpu_count()} cores), jax {jax.__version__}, torch"
-    f" {torch.__version__}"
+    f" {torch.__version__}; {args.rounds} interleaved rounds"
   )
-  print(
-    f"{'method':28s} {'first call s':>12s} {'best s':>8s} {'tokens/s':>9s}"
-    f" {'time / rljax':>12s} {'same tokens':>11s}"
-  )
-  for name, first, best, out in rows:
-    same = np.mean(out == rows[0][3])
+  for name, label in (("rljax", "rljax generate"), ("hf", "transformers")):
+    med = float(np.median(times[name]))
     print(
-      f"{name:28s} {first:12.2f} {best:8.3f} {BATCH * NEW / best:9.0f}"
-      f" {best / base:12.2f} {same:11.1%}"
+      f"{label:16s} first call {first[name][0]:7.2f} s, median"
+      f" {med:7.2f} s ({BATCH * NEW / med:5.0f} tokens/s)"
     )
+  print(
+    f"transformers / rljax time: median {np.median(ratios):.2f} (range"
+    f" {ratios.min():.2f}-{ratios.max():.2f}); same tokens {same:.1%}"
+  )
+  report = {
+    "uptime_before": load.strip(),
+    "seconds": times,
+    "first_call_seconds": {k: v[0] for k, v in first.items()},
+    "ratio_median": float(np.median(ratios)),
+    "ratio_range": [float(ratios.min()), float(ratios.max())],
+    "same_tokens": same,
+  }
+  if args.no_cache:  # one call: the no-cache loop takes minutes
+    t = timed(no_cache_generate(model, tokens, mask), 1)
+    report["no_cache_seconds"] = t[1]
+    print(
+      f"no-cache loop: {t[1]:.1f} s ({t[1] / np.median(times['rljax']):.1f}x rljax)"
+    )
+  OUT.mkdir(parents=True, exist_ok=True)
+  (OUT / "sampler_decode.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
