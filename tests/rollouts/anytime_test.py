@@ -11,7 +11,6 @@ import pytest
 
 from rljax import Batch
 from rljax import algorithms
-from rljax import models
 from rljax import rollouts
 from rljax import sampling
 from rljax import testing
@@ -242,18 +241,8 @@ def test_preset():
 
 
 @pytest.fixture(scope="module")
-def model():
-  config = models.ModelConfig(
-    vocab_size=12,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-  )
-  return testing.random_model(config, scale=0.5)
+def model(tiny_model):
+  return tiny_model(12)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import pytest
 
 from rljax import aggregate
 from rljax import algorithms
-from rljax import models
 from rljax import rollouts
 from rljax import sampling
 from rljax import testing
@@ -23,18 +22,8 @@ STOPS = (3, 4, 5)  # frequent stop ids: some traces end early
 
 
 @pytest.fixture(scope="module")
-def model():
-  config = models.ModelConfig(
-    vocab_size=17,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-  )
-  return testing.random_model(config, scale=0.5)
+def model(tiny_model):
+  return tiny_model(17)
 
 
 def _engine(model, stop_ids=STOPS):

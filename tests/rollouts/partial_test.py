@@ -22,18 +22,8 @@ STOP = 3
 
 
 @pytest.fixture(scope="module")
-def model():
-  config = models.ModelConfig(
-    vocab_size=16,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-  )
-  return testing.random_model(config, scale=0.5)
+def model(tiny_model):
+  return tiny_model(16)
 
 
 def _task(n=8):
@@ -163,6 +153,7 @@ def test_bad_input_is_named(kwargs, match):
     rollouts.PartialRollouts(**kwargs)
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_trainer_carries_groups_and_resumes_exactly(tmp_path):
   def trainer():
     config = testing.tiny_run_config(

@@ -12,13 +12,11 @@ import pytest
 
 import rljax
 from rljax import aggregate
-from rljax import models
 from rljax import rollouts
 from rljax import sampling
 from rljax import testing
 from rljax import transforms
 from rljax._src.base import Batch
-from rljax.tokenizers import Tokenizer
 from rljax.training import Trainer
 from rljax.training import _rollout
 
@@ -275,26 +273,6 @@ def test_strategy_bad_input():
 
 # --------------------------------------------------------------------------
 # replayed members through the engine, and the trainer
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  return Tokenizer.from_characters(ALPHABET)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-  config = models.ModelConfig(
-    vocab_size=tokenizer.vocab_size,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-  )
-  return testing.random_model(config, scale=0.5)
 
 
 def _sample(model, tokenizer, members, prompts, key):

@@ -12,12 +12,10 @@ import pytest
 
 import rljax
 from rljax import algorithms
-from rljax import models
 from rljax import rollouts
 from rljax import sampling
 from rljax import testing
 from rljax import transforms as T
-from rljax.tokenizers import Tokenizer
 from rljax.training import Trainer
 
 CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs"
@@ -237,26 +235,6 @@ def test_bad_input_raises():
 # ---------------------------------------------------------------------------
 # Sampling: continuations and the strategy's draw.
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  return Tokenizer.from_characters(ALPHABET)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-  config = models.ModelConfig(
-    vocab_size=tokenizer.vocab_size,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-  )
-  return testing.random_model(config, scale=0.5)
 
 
 @pytest.fixture(scope="module")

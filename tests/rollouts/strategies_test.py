@@ -12,32 +12,11 @@ from rljax import models
 from rljax import rollouts
 from rljax import sampling
 from rljax import testing
-from rljax.tokenizers import Tokenizer
 from rljax.training import Trainer
 from rljax.training import _rollout
 
 CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "grpo.py"
 ALPHABET = "0123456789+-=ab"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-  return Tokenizer.from_characters(ALPHABET)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-  config = models.ModelConfig(
-    vocab_size=tokenizer.vocab_size,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position_embeddings=64,
-  )
-  return testing.random_model(config, scale=0.5)
 
 
 def _engine(model):
@@ -319,6 +298,7 @@ def test_bad_strategies_are_named(tmp_path):
     Trainer(static, groups=rollouts.InjectAnswer())
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_tree_leaves_share_their_ancestors_segments(model):
   engine = sampling.Engine(
     model.config,

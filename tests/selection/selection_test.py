@@ -109,6 +109,7 @@ class _Cycle(selection.PromptSampler):
     return {**state, "seen": seen, "updates": state["updates"] + 1}
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_trainer_samples_a_different_number_per_prompt(tmp_path):
   config = testing.tiny_run_config(
     CONFIG, tmp_path, "train.steps=2", "output.checkpoint_every=2"

@@ -319,6 +319,7 @@ def _grad_norm_recorder(p=8, g=4):
   )
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_rescore_passes_and_step_scale(tmp_path):
   """Each `rljax.Rescore` pass fills Batch.extra: completion log-probs at
   another temperature (policy, reference), a prompt's mean log-prob and

@@ -73,6 +73,7 @@ def _launch_two_hosts(directory, *extra) -> None:
     assert proc.returncode == 0, f"process {i}:\n{out.decode()[-3000:]}"
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_two_processes_equal_one_and_their_checkpoint_restores_in_one(
   tmp_path,
 ):

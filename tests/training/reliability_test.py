@@ -141,6 +141,7 @@ def test_the_cli_prints_a_user_error_in_one_line(tmp_path):
 # --- 2: a fresh start never mixes two runs -----------------------------------
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_fresh_moves_the_old_run_aside(tmp_path):
   run = tmp_path / "run"
   old = Trainer(_config(run, "train.steps=3", "output.checkpoint_every=1"))
@@ -235,6 +236,7 @@ def test_a_nonfinite_update_stops_the_run_naming_the_cause(tmp_path):
   assert checkpointing.Checkpointer(tmp_path / "checkpoints").all_steps() == []
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_skip_mode_leaves_the_state_unchanged_and_counts(tmp_path):
   config = _config(
     tmp_path,
@@ -397,6 +399,7 @@ def _kill_test(tmp_path, kills):
   )
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_kill_during_saves_then_resume_is_exact(tmp_path):
   _kill_test(tmp_path, kills=2)
 
@@ -409,6 +412,7 @@ def test_twenty_kills_during_saves_then_resume_is_exact(tmp_path):
 # --- 6: a damaged latest checkpoint falls back -------------------------------
 
 
+@pytest.mark.slow  # minutes of CPU: the slow set
 def test_a_damaged_latest_checkpoint_falls_back_with_a_warning(
   tmp_path, caplog
 ):
