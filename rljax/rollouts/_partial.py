@@ -119,11 +119,11 @@ class PartialRollouts(GroupStrategy):
         "PartialRollouts needs its task: call prepare(task) (the trainer does)."
       )
     batch = len(prompts) if batch is None else int(batch)
-    flight = _Flight.load(state or self.init(), width)
+    flight = _Flight(state or self.init(), width)
     if self.max_lag is not None:
       flight.restart_older_than(step - int(self.max_lag))
     for prompt, n, g in zip(prompts, counts, groups):
-      flight.admit(g.prompt_id, prompt, int(n), step)
+      flight.admit(g.prompt_id, prompt, int(n))
     if self.train_unfinished:
       if len(flight.ids) < batch:
         raise ValueError(
@@ -207,10 +207,6 @@ class _Flight:
       for f in _FIELDS
     }
 
-  @classmethod
-  def load(cls, state: State, width: int) -> "_Flight":
-    return cls(state, width)
-
   def save(self) -> State:
     return {
       "next_uid": self.next_uid,
@@ -246,7 +242,7 @@ class _Flight:
         [a, np.zeros((n, pad, self.width), a.dtype)], 1
       )
 
-  def admit(self, prompt_id: int, prompt, n: int, step: int) -> None:
+  def admit(self, prompt_id: int, prompt, n: int) -> None:
     self._grow(n)
     g = self.length.shape[1]
     self.ids = np.append(self.ids, prompt_id)
@@ -261,7 +257,6 @@ class _Flight:
       self.arrays[f] = np.concatenate(
         [a, np.zeros((1, g, self.width), a.dtype)]
       )
-    del step
 
   def restart_older_than(self, oldest: int) -> None:
     """Clear the samples of groups holding a token drawn before step

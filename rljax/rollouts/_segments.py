@@ -9,7 +9,7 @@ continuations only estimate values and are not trained on.
 advantages.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import dataclasses
 from typing import Optional
 
@@ -19,10 +19,10 @@ import numpy as np
 from rljax import sampling
 from rljax.rollouts._base import Drawn
 from rljax.rollouts._base import GroupStrategy
+from rljax.rollouts._base import Scorer
 from rljax.sampling import Rollout
 
 # score(rollout [R, N, T], rows [R] group index of each row) -> rewards [R, N]
-Scorer = Callable[[Rollout, Sequence[int]], np.ndarray]
 
 
 def segment_cutpoints(
