@@ -309,6 +309,14 @@ def _fold_keys(key_data, start, n: int):
   return jax.random.key_data(folded)
 
 
+def _narrowest(width: int, rows: int) -> int:
+  """The narrowest of width, width / 2, width / 4, ... that holds `rows`
+  (at least one)."""
+  while width % 2 == 0 and width // 2 >= max(rows, 1):
+    width //= 2
+  return width
+
+
 def _bucket(n: int, least: int) -> int:
   """The next power of two >= max(n, least) (fewer compiled shapes)."""
   return max(least, 1 << max(n - 1, 0).bit_length())
@@ -434,7 +442,13 @@ class Engine:
     self._uid = 0
     self._admitted = 0
     self._programs = {}
-    self.stats = {"segments": 0, "decode_steps": 0, "preempted": 0}
+    # row_steps: decode steps times the rows each ran with (the compute).
+    self.stats = {
+      "segments": 0,
+      "decode_steps": 0,
+      "row_steps": 0,
+      "preempted": 0,
+    }
 
   # --- queueing ---------------------------------------------------------------
 
@@ -881,8 +895,9 @@ class Engine:
   def _rows(self) -> list[Optional[Sequence]]:
     """The slots a segment decodes. While sequences wait, all of them (the
     free ones refill); otherwise only the running ones, packed per shard
-    into a quarter, a sixteenth, ... of its slots, so a long tail of a few
-    sequences does not pay for every slot."""
+    into the narrowest of half, a quarter, ... of its slots that holds
+    them, so a long tail of a few sequences does not pay for every slot
+    (on a compute-bound CPU a step's cost falls with its rows)."""
     if self._waiting:
       return self._slots
     per = self.settings.slots // self.shards
@@ -890,15 +905,21 @@ class Engine:
       [s for s in self._slots[d * per : (d + 1) * per] if s is not None]
       for d in range(self.shards)
     ]
-    # Widths per, per / 4, per / 16, ...: few compiled variants.
-    width, active = per, max(len(x) for x in shards)
-    while width % 4 == 0 and width // 4 >= max(active, 1):
-      width //= 4
+    width = _narrowest(per, max(len(x) for x in shards))
     return [
       group[i] if i < len(group) else None
       for group in shards
       for i in range(width)
     ]
+
+  def _shrink_at(self, rows: list[Optional[Sequence]]) -> int:
+    """With none waiting: the freed rows that end a segment early, because
+    the running ones then fit a narrower packing (`_rows`)."""
+    width = len(rows) // self.shards
+    running = sum(s is not None for s in rows)
+    if width % 2 or not running:
+      return len(rows) + 1  # never: no narrower packing
+    return max(1, running - self.shards * (width // 2))
 
   def _segment(self, graphdef, state) -> None:
     rows_seqs = self._rows()
@@ -937,13 +958,14 @@ class Engine:
       keys,
       self._stop_ids,
       self._top_p,
-      np.int32(self.refill if waiting else b + 1),
+      np.int32(self.refill if waiting else self._shrink_at(slots)),
     )
     self._pool = (k, v)
     out = jax.device_get(out)
     steps = int(out["steps"])
     self.stats["segments"] += 1
     self.stats["decode_steps"] += steps
+    self.stats["row_steps"] += steps * b
     for i, seq in enumerate(slots):
       if seq is None:
         continue

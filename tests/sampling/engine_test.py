@@ -96,6 +96,28 @@ def test_no_decode_step_is_spent_on_finished_rows(model):
   assert engine.stats["decode_steps"] <= 9  # the longest runs alone after
 
 
+def test_a_tail_of_few_sequences_runs_on_fewer_rows(model):
+  # 8 slots: seven budgets of 1 and one of 12. After the first step the
+  # segment ends early (7 rows freed, none waiting) and the last sequence
+  # decodes its 11 remaining tokens alone: 8 x 1 + 1 x 11 row-steps,
+  # where staying on all 8 rows would take 8 x 12 = 96.
+  engine = _engine(model, slots=8, segment=16)
+  key = jax.random.key(2)
+  budgets = [1] * 7 + [12]
+  for i, b in enumerate(budgets):
+    engine.add([5, 6], key=jax.random.fold_in(key, i), max_new_tokens=b)
+  done = engine.run(model)
+  assert [len(s.completion) for s in done] == budgets
+  assert engine.stats["decode_steps"] == 12
+  assert engine.stats["row_steps"] == 8 * 1 + 1 * 11
+  assert engine.stats["segments"] == 2
+  # The tail's tokens equal those of the sequence decoded on its own.
+  alone = _engine(model, slots=8, segment=16)
+  (seq,) = alone.add([5, 6], key=jax.random.fold_in(key, 7), max_new_tokens=12)
+  alone.run(model)
+  assert done[-1].completion == seq.completion
+
+
 def test_sampled_rollout_is_deterministic_and_independent_of_slots(model):
   def run(**kwargs):
     engine = _engine(model, top_k=20, **kwargs)
