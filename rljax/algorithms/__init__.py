@@ -32,6 +32,7 @@ from rljax.algorithms._presets import rloo
 from rljax.algorithms._presets import sapo
 from rljax.algorithms._replay import remix
 from rljax.algorithms._segments import spo_segment
+from rljax.algorithms._segments import spo_tree
 from rljax.algorithms._single_stream import spo
 from rljax.algorithms._stateful import empo
 from rljax.algorithms._stateful import hapo
@@ -113,6 +114,7 @@ __all__ = [
   "seed_grpo",
   "spo",
   "spo_segment",
+  "spo_tree",
   "thinkless",
   "tlts",
   "tppo",

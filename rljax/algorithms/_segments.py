@@ -43,4 +43,45 @@ def spo_segment(
   )
 
 
-PRESETS = {"spo_segment": spo_segment}
+def spo_tree(
+  *,
+  eps: float = 0.2,
+  kl_coef: float = 1e-4,
+  probability_mask: bool = True,
+  value: str = "children",
+  sibling_std: bool = False,
+  drop_zero: bool = True,
+  normalize: str = "batch",
+) -> Algorithm:
+  """SPO-tree (Segment Policy Optimization, arXiv 2505.23564): PPO clip on
+  the tree-based segment advantages with the probability mask.
+
+  Needs the groups of `rljax.rollouts.SegmentTree` (``sampler.groups=
+  'segment_tree'``), whose tree `transforms.spo_tree_advantages` turns into
+  A(n) = V(n) - V(Pa(n)) (V the mean of a node's children's values) on the
+  low-probability tokens of each segment, each segment trained once and
+  those with A = 0 left out, whitened over the kept tokens. Then PPO clip
+  with eps 0.2, the token mean over the kept tokens of the batch, and k3 KL
+  to the reference in the loss with coefficient 1e-4 (0: no reference
+  model). Defaults of the official SPO-tree runs (AIFrameResearch/SPO
+  configs/polIter_*_spo_tree_*.jsonnet, which inherit the SPO-chain
+  trainer: cliprange 0.2, `whiten_advantages`, `use_prob_mask`, KL 1e-4 in
+  the loss, no critic; `hybrid_episode_generator` with its default
+  ``adv_method="rloo"``, i.e. no sibling std)."""
+  return Algorithm(
+    chain(
+      transforms.spo_tree_advantages(
+        probability_mask=probability_mask,
+        value=value,
+        sibling_std=sibling_std,
+        drop_zero=drop_zero,
+        normalize=normalize,
+      ),
+      objectives.policy(losses.ppo_clip, eps_low=eps, eps_high=eps),
+      *([objectives.kl_penalty(losses.kl_k3, coef=kl_coef)] if kl_coef else []),
+    ),
+    aggregate.token_mean,
+  )
+
+
+PRESETS = {"spo_segment": spo_segment, "spo_tree": spo_tree}

@@ -32,6 +32,10 @@ from rljax.rollouts._markovian import sample_chunks
 from rljax.rollouts._partial import PartialRollouts
 from rljax.rollouts._replay import REPLAYED
 from rljax.rollouts._replay import MixPolicyReplay
+from rljax.rollouts._seeding import ICLSeeding
+from rljax.rollouts._seeding import ngram_similarity
+from rljax.rollouts._segment_tree import SegmentTree
+from rljax.rollouts._segment_tree import segment_depths
 from rljax.rollouts._segments import SegmentRollouts
 from rljax.rollouts._segments import sample_continuations
 from rljax.rollouts._segments import segment_cutpoints
@@ -51,6 +55,7 @@ from rljax.rollouts._strategies import TieredHints
 from rljax.rollouts._strategies import get
 from rljax.rollouts._strategies import icpo_demonstrations
 from rljax.rollouts._trees import TreeRollouts
+from rljax.rollouts._trees import divergence_forks
 from rljax.rollouts._trees import sample_trees
 
 __all__ = [
@@ -69,6 +74,7 @@ __all__ = [
   "Drawn",
   "Group",
   "GroupStrategy",
+  "ICLSeeding",
   "InContextDemos",
   "InjectAnswer",
   "InstructionPopulation",
@@ -80,14 +86,17 @@ __all__ = [
   "ReplaySuccesses",
   "Scores",
   "SegmentRollouts",
+  "SegmentTree",
   "SolutionHints",
   "State",
   "TemperatureStream",
   "TieredHints",
   "TreeRollouts",
   "carryover",
+  "divergence_forks",
   "get",
   "icpo_demonstrations",
+  "ngram_similarity",
   "recombine",
   "sample_chunks",
   "sample_continuations",
@@ -95,6 +104,7 @@ __all__ = [
   "sample_members",
   "sample_trees",
   "segment_cutpoints",
+  "segment_depths",
   "splice",
   "subgroup_sizes",
 ]

@@ -6,7 +6,8 @@ each response at its low-probability tokens and values the state before
 each cut by the mean reward of N continuations sampled from it; the
 continuations only estimate values and are not trained on.
 `rljax.transforms.spo_chain_advantages` turns the values into segment
-advantages.
+advantages. SPO-tree, the long chain-of-thought instance, is
+`rljax.rollouts.SegmentTree`.
 """
 
 from collections.abc import Sequence

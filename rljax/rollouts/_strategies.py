@@ -20,6 +20,8 @@ from rljax.rollouts._instructions import InstructionPopulation
 from rljax.rollouts._markovian import MarkovianChunks
 from rljax.rollouts._partial import PartialRollouts
 from rljax.rollouts._replay import MixPolicyReplay
+from rljax.rollouts._seeding import ICLSeeding
+from rljax.rollouts._segment_tree import SegmentTree
 from rljax.rollouts._segments import SegmentRollouts
 from rljax.rollouts._trees import TreeRollouts
 
@@ -520,6 +522,7 @@ STRATEGIES = {
   "privileged": PrivilegedContext,
   "tree": TreeRollouts,
   "segments": SegmentRollouts,
+  "segment_tree": SegmentTree,
   "icpo_demos": InContextDemos,
   "temperature_stream": TemperatureStream,
   "tiered_hints": TieredHints,
@@ -532,6 +535,7 @@ STRATEGIES = {
   "partial": PartialRollouts,
   "mix_policy_replay": MixPolicyReplay,
   "instructions": InstructionPopulation,
+  "icl_seeding": ICLSeeding,
 }
 
 

@@ -298,7 +298,10 @@ def vspo_value(success_rates, *, difficulty: float = 1.0) -> np.ndarray:
 
   the outcome variance (uncertainty) weighted toward hard prompts; 0 at
   p in {0, 1}. The paper's exact metric was not available: this is the
-  catalog's reading ("p(1 - p) combined with difficulty")."""
+  catalog's reading ("p(1 - p) combined with difficulty"). An AI-written
+  summary of the paper (a secondary source, not checked against it) gives
+  another form, V = (R_max - mean) * std of the prompt's rollout rewards;
+  not adopted here."""
   p = np.asarray(success_rates, np.float64)
   return p * (1 - p) * (1 - p) ** difficulty
 
@@ -321,7 +324,10 @@ class VSPO(PromptSampler):
   and when the swap happens (the paper may resample after the rollout;
   a sampler must decide before it, so it uses the last visit). VSPO's
   value-smoothing clipping is not implemented: its form was not
-  available.
+  available (the arXiv HTML pages of v1 and v2 in the stored pages gave
+  only the abstract; no official code was found; one secondary summary
+  describes it only in words, as damping the advantages of high-value
+  prompts sampled again and again).
   """
 
   num_samples: int = 8

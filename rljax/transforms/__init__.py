@@ -69,6 +69,9 @@ from rljax.transforms._reweight import rapo_weights
 from rljax.transforms._reweight import red_drop_advantages
 from rljax.transforms._segments import spo_chain_advantages
 from rljax.transforms._segments import spo_chain_advantages_of
+from rljax.transforms._segments import spo_tree_advantages
+from rljax.transforms._segments import spo_tree_advantages_of
+from rljax.transforms._segments import spo_tree_values_of
 from rljax.transforms._selection import dynamic_sampling
 from rljax.transforms._selection import informative_groups
 from rljax.transforms._selection import kept_groups
@@ -237,6 +240,9 @@ __all__ = [
   "soft_advantages",
   "spo_chain_advantages",
   "spo_chain_advantages_of",
+  "spo_tree_advantages",
+  "spo_tree_advantages_of",
+  "spo_tree_values_of",
   "spo_win_rates",
   "stop_properly_penalty",
   "success_gated_rewards",

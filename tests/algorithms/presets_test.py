@@ -56,6 +56,13 @@ def _batch(seed, prompts=4):
     spo_cuts_PGT=rng.integers(0, 2, batch.shape).astype(np.int32),
     spo_values_PGT=rng.random(batch.shape).astype(np.float32),
     spo_low_prob_PGT=rng.integers(0, 2, batch.shape).astype(np.int32),
+    # SPO-tree (rollouts.SegmentTree): each token's tree level (segments
+    # of 2 tokens, 2 levels)
+    spo_depth_PGT=np.where(
+      np.asarray(batch.mask_PGT) > 0,
+      np.minimum(np.arange(batch.shape[2]) // 2, 1) + 1,
+      0,
+    ).astype(np.int32),
     # Delethink (rollouts.MarkovianChunks): 2 traces of 2 chunks per group
     trace_PG=np.tile([0, 0, 1, 1], (pg[0], pg[1] // 4)).astype(np.int32),
     chunk_PG=np.tile([0, 1, 0, 1], (pg[0], pg[1] // 4)).astype(np.int32),

@@ -95,6 +95,7 @@ def test_one_config_per_preset():
     "c3po_pp",
     "tppo",
     "spo_segment",
+    "spo_tree",
     "brpo",
     "delethink",
     "remix",
