@@ -121,7 +121,11 @@ def test_resume_equals_a_straight_run(tmp_path):
 
 # Settings the tiny run's 4 samples per prompt need.
 TINY_EXTRA = {
-  "treepo": ("sampler.groups_kwargs={'branching': [2, 2], 'segment': 1}",),
+  "treepo": (
+    "sampler.groups_kwargs={'branching': [2, 2], 'segment': 1, 'leaves': 4,"
+    " 'divergence': 'even', 'fallback': 'random'}",
+  ),
+  "spo_tree": ("sampler.groups_kwargs={'branching': [2, 2], 'segment': 1}",),
   "brpo": ("sampler.num_samples=5",),  # one trace: 1 + 2 budgets x 2
 }
 
