@@ -3,19 +3,22 @@ fewer sampled tokens than uniform G?
 
 Runs the default demo (``configs/grpo.py``: 16 prompts x 16 samples a step)
 once per (prompt sampler, seed), each in its own subprocess, with held-out
-evaluation every ``--eval-every`` steps, RL drawing from the problems whose
-first operand is one of ``--operands`` (about 95 problems each, so a
-prompt comes back several times: the samplers learn from a prompt's
-earlier visits, and on the demo's 10,000 problems, each seen once in 150
+evaluation every ``--eval-every`` steps on the task's test problems, RL
+drawing from a pool of ``--pool`` training problems (the first of the
+task's shuffled training examples, a random sample of all problems, so
+the held-out set has the same distribution; 150 steps of 16 prompts visit
+each of 256 problems about 9 times, so the samplers learn from a prompt's
+earlier visits; on the demo's 10,000 problems, each seen once in 150
 steps, every sampler here is uniform; the supervised warm start still
-uses the whole training set), and reads each run's
-``metrics.jsonl``: held-out greedy accuracy against the completion tokens
-sampled so far. Every sampler spends the same budget of samples a step
-(P x G = 256; `Uncertainty` and `Knapsack` only move samples between
-prompts), so tokens differ by completion lengths and by how soon a run
-gets there. The target of a seed is the uniform run's final accuracy; the
-report gives, per sampler and seed, the tokens sampled until the first
-evaluation at or above it, and the median ratio to uniform.
+uses the whole training set), and reads each run's ``metrics.jsonl``:
+held-out greedy accuracy against the completion tokens sampled so far.
+Every sampler spends the same budget of samples a step (P x G = 256;
+`Uncertainty` and `Knapsack` only move samples between prompts), so
+tokens differ by completion lengths and by how soon a run gets there. The
+target of a seed is the uniform run's smoothed final accuracy (the mean of
+its last 5 evaluations); the report gives, per sampler and seed, the
+tokens sampled until the first evaluation at or above it, the median
+ratio to uniform, and the mean held-out accuracy over the run.
 
   python experiments/sampler_efficiency.py --seeds 0 1 2 \\
     --sampler uniform=shuffled --sampler uncertainty=uncertainty \\
@@ -37,6 +40,7 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+SMOOTH = 5  # evaluations averaged into the target
 
 DEFAULT_SAMPLERS = [
   "uniform=shuffled",
@@ -60,7 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     "--extra", nargs="*", default=[], help="overrides for every run"
   )
   parser.add_argument("--eval-every", type=int, default=10)
-  parser.add_argument("--operands", type=int, nargs="+", default=[0, 1, 2, 3])
+  parser.add_argument(
+    "--summarize",
+    default=None,
+    metavar="JSON",
+    help="only summarize and plot an earlier run's results file",
+  )
+  parser.add_argument(
+    "--pool", type=int, default=256, help="training problems RL draws from"
+  )
   parser.add_argument("--eval-prompts", type=int, default=256)
   parser.add_argument(
     "--out",
@@ -118,6 +130,62 @@ def tokens_to_reach(curve: list[dict], target: float):
   return None
 
 
+def evaluations(curve: list[dict]) -> list[dict]:
+  """A run's evaluations after its first (the warm start), one per step."""
+  seen, out = set(), []
+  for point in curve[1:]:
+    if point["step"] not in seen:
+      seen.add(point["step"])
+      out.append(point)
+  return out
+
+
+def summarize(records: list[dict], names: list[str], seeds) -> dict:
+  """Per sampler: tokens to the target against uniform's, and the mean
+  held-out accuracy over the run, per seed; printed and returned.
+
+  A seed's target is the baseline run's smoothed final accuracy (the mean
+  of its last SMOOTH evaluations; one evaluation of 256 problems moves by
+  a few points between steps)."""
+  base, summary = names[0], {}
+  for name in names:
+    ratios, reached, means, gains = [], [], [], []
+    for seed in seeds:
+      ref, mine = (
+        next(r for r in records if r["sampler"] == n and r["seed"] == seed)
+        for n in (base, name)
+      )
+      tail = [p["accuracy"] for p in evaluations(ref["curve"])[-SMOOTH:]]
+      target = sum(tail) / len(tail)
+      t_ref = tokens_to_reach(evaluations(ref["curve"]), target)
+      t_mine = tokens_to_reach(evaluations(mine["curve"]), target)
+      reached.append(t_mine)
+      if t_mine is not None and t_ref:
+        ratios.append(t_mine / t_ref)
+      mean = [p["accuracy"] for p in evaluations(mine["curve"])]
+      means.append(sum(mean) / len(mean))
+      gains.append(means[-1] - mine["curve"][0]["accuracy"])
+    summary[name] = {
+      "tokens_to_target": reached,
+      "ratios": ratios,
+      "mean_accuracy": means,
+      "mean_gain_over_warm_start": gains,
+    }
+    text = (
+      f"median {sorted(ratios)[len(ratios) // 2]:.2f}, range"
+      f" {min(ratios):.2f}-{max(ratios):.2f}"
+      if ratios
+      else "never"
+    )
+    print(
+      f"{name}: tokens to the {base} run's smoothed final accuracy /"
+      f" {base}'s: {text} (reached in {len(ratios)}/{len(seeds)} seeds);"
+      " mean held-out accuracy over the run, per seed: "
+      + ", ".join(f"{m:.3f}" for m in means)
+    )
+  return summary
+
+
 def plot(records: list[dict], seeds, png: pathlib.Path) -> None:
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
@@ -150,7 +218,7 @@ def main(argv=None) -> int:
     name, _, spec = item.partition("=")
     sampler, _, kwargs = spec.partition(":")
     stage = {
-      "where": {"a": list(args.operands)},
+      "where": {"index": list(range(args.pool))},
       "sampler": sampler,
       "sampler_kwargs": ast.literal_eval(kwargs) if kwargs else {},
     }
@@ -159,6 +227,16 @@ def main(argv=None) -> int:
       f"sampler.prompts_kwargs={{'stages': [{stage!r}]}}",
       *args.extra,
     ]
+  if args.summarize:
+    path = pathlib.Path(args.summarize)
+    data = json.loads(path.read_text())
+    records = data["runs"]
+    names = list(dict.fromkeys(r["sampler"] for r in records))
+    seeds = sorted({r["seed"] for r in records})
+    data["summary"] = summarize(records, names, seeds)
+    path.write_text(json.dumps(data, indent=1))
+    plot(records, seeds, path.with_suffix(".png"))
+    return 0
   print("load:", os.getloadavg(), flush=True)
   out = pathlib.Path(args.out)
   records = []
@@ -175,34 +253,7 @@ def main(argv=None) -> int:
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(records, indent=1))
-  base = next(iter(samplers))
-  summary = {}
-  for name in samplers:
-    ratios, reached = [], []
-    for seed in args.seeds:
-      ref = next(
-        r for r in records if r["sampler"] == base and r["seed"] == seed
-      )
-      mine = next(
-        r for r in records if r["sampler"] == name and r["seed"] == seed
-      )
-      target = ref["curve"][-1]["accuracy"]
-      t_ref = tokens_to_reach(ref["curve"], target)
-      t_mine = tokens_to_reach(mine["curve"], target)
-      reached.append(t_mine)
-      if t_mine is not None and t_ref:
-        ratios.append(t_mine / t_ref)
-    summary[name] = {"tokens_to_target": reached, "ratios": ratios}
-    text = (
-      f"median {sorted(ratios)[len(ratios) // 2]:.2f}, range"
-      f" {min(ratios):.2f}-{max(ratios):.2f}"
-      if ratios
-      else "never"
-    )
-    print(
-      f"{name}: tokens to the uniform run's final accuracy / uniform's:"
-      f" {text}; reached in {len(ratios)}/{len(args.seeds)} seeds"
-    )
+  summary = summarize(records, list(samplers), args.seeds)
   out.write_text(json.dumps({"runs": records, "summary": summary}, indent=1))
   plot(records, args.seeds, out.with_suffix(".png"))
   print(f"wrote {out} and {out.with_suffix('.png')}")

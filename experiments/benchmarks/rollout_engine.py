@@ -158,15 +158,16 @@ def measure(name, model, args) -> dict:
   run_static(model, prompts, budgets, args.rows)
   run_engine(engine, model, prompts, budgets)
   times = {"static": [], "engine": []}
-  steps = 0
+  steps = row_steps = 0
   for r in range(args.repeats):
     for method in ("static", "engine"):
       if method == "static":
         t = run_static(model, prompts, budgets, args.rows)
       else:
-        before = engine.stats["decode_steps"]
+        before = dict(engine.stats)
         t = run_engine(engine, model, prompts, budgets)
-        steps = engine.stats["decode_steps"] - before
+        steps = engine.stats["decode_steps"] - before["decode_steps"]
+        row_steps = engine.stats["row_steps"] - before["row_steps"]
       times[method].append(t)
       print(f"[{name}] run {r + 1} {method}: {t:.2f} s", flush=True)
   useful = int(budgets.sum())
@@ -184,6 +185,13 @@ def measure(name, model, args) -> dict:
     "speedup_median": float(np.median(ratios)),
     "speedup_range": [float(ratios.min()), float(ratios.max())],
     "engine_decode_steps": int(steps),
+    "engine_row_steps": int(row_steps),
+    "static_row_steps": int(
+      args.rows
+      * sum(
+        budgets[lo : lo + args.rows].max() for lo in range(0, args.n, args.rows)
+      )
+    ),
     "static_decode_steps": int(
       sum(
         budgets[lo : lo + args.rows].max() for lo in range(0, args.n, args.rows)
@@ -269,7 +277,8 @@ def main():
       f" {r['engine_tokens_per_s']:.0f} tok/s, speedup median"
       f" {r['speedup_median']:.2f} (range {r['speedup_range'][0]:.2f}-"
       f"{r['speedup_range'][1]:.2f}); decode steps {r['engine_decode_steps']}"
-      f" vs {r['static_decode_steps']}; engine at"
+      f" vs {r['static_decode_steps']} (row-steps {r['engine_row_steps']} vs"
+      f" {r['static_row_steps']}); engine at"
       f" {100 * r['engine_share_of_bandwidth_limit']:.0f}% of the"
       " bandwidth limit"
     )
