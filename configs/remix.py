@@ -9,7 +9,8 @@ trained with PPO's clip on pi_theta / mu and the KL-Convex penalty
 over each batch (update-to-data ratio 2). Replay is per prompt, so the
 training set is cut to 64 problems: with 16 prompts a step each returns
 every 4 steps, inside the window. From step 30 on (policy reincarnation)
-the groups are on-policy again and the KL is to the base alone. Window,
+the groups are on-policy again and the KL is to the base alone, the base
+being the policy as it was at step 30 (``train.reference_resets``). Window,
 share, lambda and the reincarnation step are our choices (the paper's
 were not verified).
 
@@ -34,5 +35,5 @@ def get_config():
         "reincarnate_at": REINCARNATE_AT,
       },
     },
-    train={"epochs": 2},
+    train={"epochs": 2, "reference_resets": (REINCARNATE_AT,)},
   )

@@ -15,6 +15,22 @@ reference model), eps = 0.2, advantages (r - mean) / (std + eps) per group,
 each sequence's token mean averaged over sequences, one SGD step
 (lr 1e-3) per iteration, single epoch and minibatch (on-policy: ratio 1).
 
+``--model smollm2`` runs the same iteration on SmolLM2-135M's shape (30
+layers, d=576, 9 heads of 64 with 3 key/value heads, MLP 1536, vocab
+49152, tied embeddings; random weights, written by rljax with
+`rljax.checkpoints.save_hf` and read by Tunix's safetensors loader, so
+both sides start from the same model) with P=4 prompts of 16-32 tokens
+(lengths differ), G=4, T=64, and lengths that differ: the stop id 2's
+embedding row is set so that the model stops with a mean chance of 4% per
+token (`tune_stop`; most completions end early, a few run to 64). The
+reward is the fraction of even ids in the completion. rljax samples with
+its rollout engine there (the Trainer's default sampler: continuous
+batching, so rows that stopped cost nothing), Tunix with its vanilla
+sampler (a static batch until every row stopped); both update on the
+[16, S + T] batch. ``--prefix-grouper`` also times rljax with the
+prefix grouper (each group's prompt encoded once in the update; the same
+loss and gradients), interleaved in the same run.
+
 Per iteration each side does:
 
 * rljax: `rljax.sampling.generate` (jitted; prefill of the P prompts into a
@@ -65,12 +81,16 @@ Tunix needs its own environment (it pins its own dependencies):
   /tmp/tunix-venv/bin/pip install -e . --no-deps
   /tmp/tunix-venv/bin/pip install chex gguf math-verify matplotlib
 Run: /tmp/tunix-venv/bin/python experiments/benchmarks/tunix_grpo.py [--iters N]
+       [--model smollm2 [--prefix-grouper]] [--out times.json]
 """
 
 import argparse
+import dataclasses
 import functools
+import json
 import logging
 import os
+import pathlib
 import statistics
 import time
 
@@ -95,42 +115,155 @@ from rljax.training import update  # noqa: E402
 from rljax.training._build import init_model  # noqa: E402
 from rljax.training._build import init_state  # noqa: E402
 
-P, G, S, T = 8, 4, 16, 32
-VOCAB, D, LAYERS, HEADS, HEAD_DIM, MLP = 64, 64, 2, 4, 16, 128
-BOS, NEVER = 1, VOCAB  # NEVER: an id outside the vocabulary (EOS, pad)
-TARGET, LR, EPS, BETA = 7, 1e-3, 0.2, 0.0
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """The benchmark's model and batch (module docstring)."""
+
+  p: int  # prompts
+  g: int  # samples per prompt
+  s: int  # prompt width (the longest prompt)
+  t: int  # new tokens at most
+  vocab: int
+  d: int
+  layers: int
+  heads: int
+  kv_heads: int
+  head_dim: int
+  mlp: int
+  rope_theta: float
+  norm_eps: float
+  min_prompt: int  # prompts have min_prompt..s tokens
+  eos: int  # the stop id (and Tunix's pad id when it equals vocab)
+  pad: int
+  p_stop: float  # mean chance of the stop id per sampled token (0: never)
+  sampler: str  # rljax's: "static" (`generate`) or "engine"
 
 
-def prompt_ids(seed: int = 0) -> np.ndarray:
-  """[P, S] prompt ids: BOS then S - 1 random ids in [2, VOCAB)."""
+SHAPES = {
+  # Neither side can stop early: EOS is outside the vocabulary.
+  "toy": Shape(
+    p=8, g=4, s=16, t=32, vocab=64, d=64, layers=2, heads=4, kv_heads=4,
+    head_dim=16, mlp=128, rope_theta=10_000.0, norm_eps=1e-6,
+    min_prompt=16, eos=64, pad=64, p_stop=0.0, sampler="static",
+  ),
+  # SmolLM2-135M's shape (random weights, the same on both sides).
+  "smollm2": Shape(
+    p=4, g=4, s=32, t=64, vocab=49152, d=576, layers=30, heads=9,
+    kv_heads=3, head_dim=64, mlp=1536, rope_theta=100_000.0, norm_eps=1e-5,
+    min_prompt=16, eos=2, pad=0, p_stop=0.04, sampler="engine",
+  ),
+}  # fmt: skip
+BOS, TARGET, LR, EPS, BETA = 1, 7, 1e-3, 0.2, 0.0
+
+
+def prompt_ids(shape: Shape, seed: int = 0) -> list[list[int]]:
+  """P prompts: BOS then random ids in [3, vocab), min_prompt..s long."""
   rng = np.random.default_rng(seed)
-  body = rng.integers(2, VOCAB, (P, S - 1))
-  return np.concatenate([np.full((P, 1), BOS), body], 1).astype(np.int32)
+  lengths = rng.integers(shape.min_prompt, shape.s + 1, shape.p)
+  return [[BOS] + rng.integers(3, shape.vocab, n - 1).tolist() for n in lengths]
 
 
-def reward_ids(tokens_NT: np.ndarray) -> np.ndarray:
-  """Fraction of tokens equal to TARGET, per row."""
-  return (np.asarray(tokens_NT) == TARGET).mean(-1).astype(np.float32)
+def left_pad(prompts, width: int):
+  tokens = np.zeros((len(prompts), width), np.int32)
+  mask = np.zeros((len(prompts), width), np.int32)
+  for i, ids in enumerate(prompts):
+    tokens[i, width - len(ids) :], mask[i, width - len(ids) :] = ids, 1
+  return tokens, mask
+
+
+def rewarded(shape: Shape, ids) -> np.ndarray:
+  """Which ids earn reward: TARGET (toy) or every even id (larger
+  vocabularies, where one id would almost never be sampled)."""
+  ids = np.asarray(ids)
+  return ids == TARGET if shape.vocab <= 64 else ids % 2 == 0
+
+
+def reward_ids(shape: Shape, tokens_NT, mask_NT) -> np.ndarray:
+  """Fraction of a completion's tokens that earn reward, per row."""
+  mask = np.asarray(mask_NT) > 0
+  hits = (rewarded(shape, tokens_NT) & mask).sum(-1)
+  return (hits / np.maximum(mask.sum(-1), 1)).astype(np.float32)
 
 
 # --- rljax -----------------------------------------------------------------
 
 
-def rljax_setup():
-  """(models, algorithm, initial state, jitted prepare, jitted update)."""
-  config = ModelConfig(
-    vocab_size=VOCAB,
-    hidden_size=D,
-    intermediate_size=MLP,
-    num_layers=LAYERS,
-    num_heads=HEADS,
-    num_kv_heads=HEADS,
-    head_dim=HEAD_DIM,
+def rljax_config(shape: Shape) -> ModelConfig:
+  return ModelConfig(
+    vocab_size=shape.vocab,
+    hidden_size=shape.d,
+    intermediate_size=shape.mlp,
+    num_layers=shape.layers,
+    num_heads=shape.heads,
+    num_kv_heads=shape.kv_heads,
+    head_dim=shape.head_dim,
+    rope_theta=shape.rope_theta,
+    rms_norm_eps=shape.norm_eps,
     tie_embeddings=True,
-    max_position_embeddings=S + T,
-    scan_unroll=LAYERS,  # Tunix's model loops over its layers in Python
+    max_position_embeddings=shape.s + shape.t,
+    # Tunix's model loops over its layers in Python; a deep model scans
+    # (rljax's default), which keeps its compile time flat.
+    scan_unroll=shape.layers if shape.layers <= 4 else 1,
   )
+
+
+def tune_stop(model: Transformer, shape: Shape) -> None:
+  """Make the stop id likely enough that completions end at different
+  lengths (mean chance `p_stop` per token), and the pad id unlikely.
+
+  The tied embedding row of the stop id becomes alpha u, u the mean
+  direction of the final hidden states at which the model samples its
+  completions of the benchmark's prompts (their distribution does not
+  depend on the stop id's row as long as no stop was drawn), alpha set by
+  bisection; the pad id's row becomes -alpha u. Both sides then load these
+  weights, so their completions have the same length distribution."""
+  if not shape.p_stop:
+    return
+  tokens, mask = left_pad(prompt_ids(shape), shape.s)
+  out = sampling.generate(
+    model,
+    tokens,
+    mask,
+    key=jax.random.key(1),
+    max_new_tokens=shape.t,
+    num_samples=shape.g,
+  )
+  ids, seen = (
+    jnp.concatenate(parts, -1).reshape(shape.p * shape.g, -1)
+    for parts in (
+      (out.prompt_tokens_PGS, out.tokens_PGT),
+      (out.prompt_mask_PGS, jnp.ones_like(out.tokens_PGT)),
+    )
+  )
+  hidden, _ = jax.jit(lambda m, x, k: m.hidden_states(x, k))(model, ids, seen)
+  # the states that sample completion tokens: the last prompt position on
+  h = np.asarray(hidden[:, shape.s - 1 : -1], np.float64).reshape(-1, shape.d)
+  u = h.mean(0) / np.linalg.norm(h.mean(0))
+  embed = np.asarray(model.embed[...], np.float64)
+  rest = np.delete(embed, [shape.eos, shape.pad], axis=0)
+  base = np.logaddexp.reduce(h @ rest.T, axis=-1)  # the other ids' logits
+
+  def mean_p(alpha):
+    z = alpha * (h @ u)
+    return float(np.mean(np.exp(z - np.logaddexp(z, base))))
+
+  lo, hi = 0.0, 1e3
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if mean_p(mid) < shape.p_stop else (lo, mid)
+  embed[shape.eos], embed[shape.pad] = lo * u, -lo * u
+  model.embed[...] = jnp.asarray(embed, model.embed[...].dtype)
+
+
+def rljax_setup(shape: Shape, prefix_grouper: bool = False):
+  """(models, algorithm, initial state, jitted prepare, jitted update,
+  engine or None, the initial model). With `prefix_grouper` the update
+  encodes each group's prompt once (`UpdateSpec.prefix_grouper`, the
+  Trainer's ``model.prefix_grouper``: the same loss and gradients)."""
+  config = rljax_config(shape)
   model = init_model(Transformer, config, seed=0)
+  tune_stop(model, shape)
   algorithm = algorithms.grpo(eps=EPS, kl_coef=BETA)
   models = Models(nnx.graphdef(model), None, optax.sgd(LR), None)
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
@@ -143,51 +276,83 @@ def rljax_setup():
     mesh=mesh,
   )
   step = jax.jit(
-    functools.partial(update, models, algorithm, UpdateSpec(T)),
+    functools.partial(
+      update,
+      models,
+      algorithm,
+      UpdateSpec(shape.t, prefix_grouper=prefix_grouper),
+    ),
     donate_argnums=0,
   )
-  return models, algorithm, state, jax.jit(algorithm.prepare), step
+  engine = None
+  if shape.sampler == "engine":
+    engine = sampling.Engine(
+      config,
+      slots=shape.p * shape.g,
+      max_length=shape.s + shape.t,
+      stop_ids=[shape.eos],
+    )
+  return (
+    models,
+    algorithm,
+    state,
+    jax.jit(algorithm.prepare),
+    step,
+    engine,
+    model,
+  )
 
 
-def rljax_iteration(setup, state, prompts, key):
+def rljax_iteration(setup, shape, state, prompts, key):
   """Rollout, reward, advantages and one update.
 
-  Returns (new state, rollout seconds, update seconds).
+  Returns (new state, rollout seconds, update seconds, completion lengths).
   """
-  models, _, _, prepare, step = setup
+  models, _, _, prepare, step, engine, _ = setup
+  p, g, t = shape.p, shape.g, shape.t
+  tokens, mask = left_pad(prompts, shape.s)
   start = time.perf_counter()
   policy = nnx.merge(models.policy, state.policy.params)
-  rollout = sampling.generate(
-    policy,
-    prompts,
-    np.ones_like(prompts),
+  sample = dict(
     key=jax.random.fold_in(key, 0),
-    max_new_tokens=T,
-    num_samples=G,
+    max_new_tokens=t,
+    num_samples=g,
     temperature=1.0,
   )
-  rewards = reward_ids(np.asarray(rollout.tokens_PGT).reshape(P * G, T))
+  if engine is None:
+    stop = [shape.eos] if shape.p_stop else []  # toy: an id it cannot emit
+    rollout = sampling.generate(policy, tokens, mask, stop_ids=stop, **sample)
+  else:
+    rollout = sampling.rollout(engine, policy, tokens, mask, **sample)
+  done_NT = np.asarray(rollout.mask_PGT).reshape(p * g, t)
+  rewards = reward_ids(
+    shape, np.asarray(rollout.tokens_PGT).reshape(p * g, t), done_NT
+  )
   middle = time.perf_counter()
   seqs = Sequences(
     jnp.concatenate([rollout.prompt_tokens_PGS, rollout.tokens_PGT], -1),
     jnp.concatenate([rollout.prompt_mask_PGS, rollout.mask_PGT], -1),
   )
   batch = Batch(
-    mask_PGT=rollout.mask_PGT.astype(jnp.float32),
-    rewards_PG=jnp.asarray(rewards.reshape(P, G)),
+    mask_PGT=jnp.asarray(rollout.mask_PGT, jnp.float32),
+    rewards_PG=jnp.asarray(rewards.reshape(p, g)),
   )
   batch, algo_state = prepare(batch, state.policy.algo_state)
   state = state._replace(policy=state.policy._replace(algo_state=algo_state))
   state, _ = step(state, seqs, batch, jax.random.fold_in(key, 1))
   state = jax.block_until_ready(state)
-  return state, middle - start, time.perf_counter() - middle
+  lengths = done_NT.sum(-1)
+  return state, middle - start, time.perf_counter() - middle, lengths
 
 
 # --- Tunix -----------------------------------------------------------------
 
 
 class WordTokenizer:
-  """Ids <-> words "t<id>"; pad and EOS are an id the model cannot emit."""
+  """Ids <-> words "t<id>"."""
+
+  def __init__(self, shape: Shape):
+    self.shape = shape
 
   def encode(self, text: str, **kwargs) -> list[int]:
     return [int(w[1:]) for w in text.split()]
@@ -199,45 +364,62 @@ class WordTokenizer:
     return BOS
 
   def eos_id(self) -> int:
-    return NEVER
+    return self.shape.eos
 
   def pad_id(self) -> int:
-    return NEVER
+    return self.shape.pad
 
 
-def tunix_reward(prompts, completions, **kwargs):
-  """Fraction of completion tokens equal to TARGET (from the text)."""
-  del prompts, kwargs
-  target = f"t{TARGET}"
-  return [
-    sum(w == target for w in c.split()) / max(len(c.split()), 1)
-    for c in completions
-  ]
+def tunix_reward(shape: Shape):
+  """The reward of `reward_ids`, from the completion text."""
+
+  def reward(prompts, completions, **kwargs):
+    del prompts, kwargs
+    out = []
+    for c in completions:
+      ids = [int(w[1:]) for w in c.split()]
+      ids = [i for i in ids if i not in (shape.eos, shape.pad)]
+      out.append(float(rewarded(shape, ids).mean()) if ids else 0.0)
+    return out
+
+  return reward
 
 
-def tunix_learner(steps: int):
+def tunix_learner(shape: Shape, steps: int, rljax_model: Transformer, reward):
+  import tempfile
+
   from tunix.models.llama3 import model as llama3
+  from tunix.models.llama3 import params as llama3_params
   from tunix.rl import rl_cluster as rl_cluster_lib
   from tunix.rl.grpo import grpo_learner
   from tunix.rl.rollout import base_rollout
+
+  from rljax import checkpoints
 
   auto = jax.sharding.AxisType.Auto
   mesh = jax.make_mesh(
     (1, 1), ("fsdp", "tp"), axis_types=(auto, auto), devices=jax.devices()[:1]
   )
   config = llama3.ModelConfig(
-    num_layers=LAYERS,
-    vocab_size=VOCAB,
-    embed_dim=D,
-    hidden_dim=MLP,
-    num_heads=HEADS,
-    head_dim=HEAD_DIM,
-    num_kv_heads=HEADS,
-    rope_theta=10_000,
-    norm_eps=1e-6,
+    num_layers=shape.layers,
+    vocab_size=shape.vocab,
+    embed_dim=shape.d,
+    hidden_dim=shape.mlp,
+    num_heads=shape.heads,
+    head_dim=shape.head_dim,
+    num_kv_heads=shape.kv_heads,
+    rope_theta=int(shape.rope_theta),
+    norm_eps=shape.norm_eps,
     weight_tying=True,
   )
-  model = llama3.Llama3(config, rngs=nnx.Rngs(0))
+  if shape.p_stop:  # the same weights as rljax's (the stop id tuned)
+    with tempfile.TemporaryDirectory() as tmp:
+      checkpoints.save_hf(rljax_model, tmp)
+      model = llama3_params.create_model_from_safe_tensors(
+        tmp, config, mesh, dtype=jnp.float32
+      )
+  else:
+    model = llama3.Llama3(config, rngs=nnx.Rngs(0))
   roles = rl_cluster_lib.Role
   cluster_config = rl_cluster_lib.ClusterConfig(
     role_to_mesh={
@@ -253,28 +435,28 @@ def tunix_learner(steps: int):
       max_steps=steps,
     ),
     rollout_config=base_rollout.RolloutConfig(
-      max_tokens_to_generate=T,
-      max_prompt_length=S,
-      kv_cache_size=S + T,
+      max_tokens_to_generate=shape.t,
+      max_prompt_length=shape.s,
+      kv_cache_size=shape.s + shape.t,
       temperature=1.0,
       top_p=1.0,
       top_k=None,
-      eos_tokens=[NEVER],
+      eos_tokens=[shape.eos],
       data_type=jnp.float32,
     ),
   )
   cluster = rl_cluster_lib.RLCluster(
-    actor=model, tokenizer=WordTokenizer(), cluster_config=cluster_config
+    actor=model, tokenizer=WordTokenizer(shape), cluster_config=cluster_config
   )
   algo = grpo_learner.GRPOConfig(
-    num_generations=G,
+    num_generations=shape.g,
     num_iterations=1,
     beta=BETA,
     epsilon=EPS,
     loss_agg_mode="sequence-mean-token-mean",
   )
   return grpo_learner.GRPOLearner(
-    rl_cluster=cluster, algo_config=algo, reward_fns=tunix_reward
+    rl_cluster=cluster, algo_config=algo, reward_fns=reward
   )
 
 
@@ -289,15 +471,19 @@ class Interleaved:
   time spent there is subtracted from that step's time.
   """
 
-  def __init__(self, iters: int):
-    self.setup = rljax_setup()
-    self.state, self.prompts = self.setup[2], prompt_ids()
+  def __init__(self, shape: Shape, iters: int, variants: dict):
+    self.shape = shape
+    # rljax variants: name -> prefix_grouper; each trains its own state
+    self.setups = {v: rljax_setup(shape, pg) for v, pg in variants.items()}
+    self.states = {v: setup[2] for v, setup in self.setups.items()}
+    self.prompts = prompt_ids(shape)
     self.key = jax.random.key(0)
     self.left = iters + 1
-    self.rljax = {phase: [] for phase in PHASES}
+    self.rljax = {v: {phase: [] for phase in PHASES} for v in variants}
     self.tunix = {phase: [] for phase in PHASES}
+    self.lengths = {"rljax": [], "Tunix": []}  # completion lengths
     self.inside = 0.0  # rljax seconds run since the program started
-    tokenizer = WordTokenizer()
+    tokenizer = WordTokenizer(shape)
     texts = [tokenizer.decode(row[1:]) for row in self.prompts]
     self.batch = {"prompts": np.array(texts)}
 
@@ -308,14 +494,35 @@ class Interleaved:
     if not self.left:
       raise StopIteration
     self.left -= 1
-    i = len(self.rljax["iteration"])
-    self.state, rollout, update_s = rljax_iteration(
-      self.setup, self.state, self.prompts, jax.random.fold_in(self.key, i)
-    )
-    for phase, seconds in zip(PHASES, (rollout + update_s, rollout, update_s)):
-      self.rljax[phase].append(seconds)
-    self.inside += rollout + update_s
+    for v, setup in self.setups.items():
+      times = self.rljax[v]
+      self.states[v], rollout, update_s, lengths = rljax_iteration(
+        setup,
+        self.shape,
+        self.states[v],
+        self.prompts,
+        jax.random.fold_in(self.key, len(times["iteration"])),
+      )
+      for phase, t in zip(PHASES, (rollout + update_s, rollout, update_s)):
+        times[phase].append(t)
+      if v == next(iter(self.setups)):
+        self.lengths["rljax"] += lengths.tolist()
+      self.inside += rollout + update_s
     return self.batch
+
+  def reward(self):
+    """Tunix's reward function; it records the completions' lengths."""
+    shape, score = self.shape, tunix_reward(self.shape)
+
+    def reward(prompts, completions, **kwargs):
+      for c in completions:  # the stop id counts, as in rljax's mask
+        ids = [int(w[1:]) for w in c.split()]
+        self.lengths["Tunix"].append(
+          sum(i != shape.pad for i in ids[: shape.t])
+        )
+      return score(prompts, completions, **kwargs)
+
+    return reward
 
   def _timed(self, fn, phase, model):
     """`fn` that appends its own time, less rljax's, to tunix[phase]."""
@@ -341,27 +548,59 @@ class Interleaved:
     cluster.update_actor = self._timed(cluster.update_actor, "update", model)
 
 
-def run(iters: int):
-  """(rljax, Tunix): seconds per phase, iteration 0 (compiles) first."""
-  data = Interleaved(iters)
-  learner = tunix_learner(iters + 1)
+def run(shape: Shape, iters: int, variants: dict):
+  """({rljax variant: times}, Tunix times, lengths): seconds per phase,
+  iteration 0 (compiles) first, and the completion lengths of each side."""
+  data = Interleaved(shape, iters, variants)
+  model = next(iter(data.setups.values()))[-1]
+  learner = tunix_learner(shape, iters + 1, model, data.reward())
   data.time_steps(learner)
   learner.train(data)
-  return data.rljax, data.tunix
+  return data.rljax, data.tunix, data.lengths
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--iters", type=int, default=10)
-  args = parser.parse_args()
-  logging.getLogger("absl").setLevel(logging.WARNING)
-  sides = dict(zip(("rljax", "Tunix 0.1.7"), run(args.iters)))
-  print(
-    f"\nGRPO iteration, P={P} x G={G}, S={S}, T={T}, vocab {VOCAB}, d={D},"
-    f" {LAYERS} layers, float32, {jax.devices()[0].platform}, jax"
-    f" {jax.__version__}, {args.iters} timed iterations (medians and best"
-    " exclude the first, which compiles)\n"
+  parser.add_argument("--model", choices=sorted(SHAPES), default="toy")
+  parser.add_argument(
+    "--sampler",
+    choices=("static", "engine"),
+    default=None,
+    help="rljax's sampler (default: the shape's; module docstring)",
   )
+  parser.add_argument(
+    "--prefix-grouper",
+    action="store_true",
+    help="also time rljax with the prefix grouper (interleaved)",
+  )
+  parser.add_argument("--out", default=None, help="write the times (JSON)")
+  args = parser.parse_args()
+  shape = SHAPES[args.model]
+  if args.sampler:
+    shape = dataclasses.replace(shape, sampler=args.sampler)
+  logging.getLogger("absl").setLevel(logging.WARNING)
+  load = os.getloadavg()
+  variants = {"rljax": False}
+  if args.prefix_grouper:
+    variants["rljax, prefix grouper"] = True
+  rl, tx, lengths = run(shape, args.iters, variants)
+  sides = {**rl, "Tunix 0.1.7": tx}
+  print(
+    f"\nGRPO iteration ({args.model}), P={shape.p} x G={shape.g}, prompts"
+    f" {shape.min_prompt}-{shape.s} tokens, T={shape.t}, vocab {shape.vocab},"
+    f" d={shape.d}, {shape.layers} layers, float32,"
+    f" {jax.devices()[0].platform}, jax {jax.__version__}, rljax sampler"
+    f" {shape.sampler}, load before {load[0]:.2f}, {args.iters} timed"
+    " iterations (medians and best exclude the first, which compiles)"
+  )
+  for side, n in lengths.items():
+    if n:
+      print(
+        f"{side} completion lengths: mean {np.mean(n):.1f}, median"
+        f" {np.median(n):.0f}, at the cap {np.mean(np.asarray(n) >= shape.t):.0%}"
+      )
+  print()
   columns = {
     "first iteration s": lambda t: t["iteration"][0],
     "iteration median ms": lambda t: (
@@ -376,9 +615,27 @@ def main():
   print("|---|" + "---:|" * len(columns))
   for name, row in values.items():
     print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
-  rl, tx = values.values()
-  ratios = " | ".join(f"{b / a:.2f}" for a, b in zip(rl, tx))
-  print(f"| ratio Tunix / rljax | {ratios} |")
+  tunix = values["Tunix 0.1.7"]
+  for name in rl:
+    ratios = " | ".join(f"{y / x:.2f}" for x, y in zip(values[name], tunix))
+    print(f"| ratio Tunix / {name} | {ratios} |")
+  for name, t in rl.items():
+    per = [y / x for x, y in zip(t["iteration"][1:], tx["iteration"][1:])]
+    print(
+      f"per-iteration ratio Tunix / {name}: median"
+      f" {statistics.median(per):.2f}, range {min(per):.2f}-{max(per):.2f}"
+    )
+  if args.out:
+    record = {
+      "model": args.model,
+      "shape": dataclasses.asdict(shape),
+      "load_before": load,
+      "jax": jax.__version__,
+      "rljax": rl,
+      "tunix": tx,
+      "lengths": lengths,
+    }
+    pathlib.Path(args.out).write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

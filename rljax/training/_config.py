@@ -124,6 +124,10 @@ class TrainSpec:
   # max_skipped_updates skipped steps in a row.
   nonfinite: str = "stop"
   max_skipped_updates: int = 10
+  # Steps at whose start the reference policy becomes a copy of the current
+  # policy (ProRL's reference resets, ReMix's reincarnated base); needs an
+  # algorithm that reads the reference.
+  reference_resets: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)

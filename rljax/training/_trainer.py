@@ -381,6 +381,13 @@ class Trainer:
       algorithm=self.algorithm,
       mesh=self.mesh,
     )
+    if c.train.reference_resets and self.state.reference is None:
+      raise ValueError(
+        f"train.reference_resets={c.train.reference_resets}, but algorithm"
+        f" {c.algorithm.name!r} keeps no reference policy (it reads no"
+        " reference log-probs); drop train.reference_resets or add a KL to"
+        " the reference."
+      )
     _build.check_prompt_tables(
       self.state.policy.algo_state, len(self.task.train)
     )
@@ -868,6 +875,8 @@ class Trainer:
     key = jax.random.fold_in(jax.random.key(self.config.train.seed), step)
     start = time.perf_counter()
     self._step = step
+    if step in self.config.train.reference_resets:
+      self._reset_reference()
     prompts = self._next_prompts()
     scored, refills, num_kept = self._fill(prompts, jax.random.fold_in(key, 0))
     seqs = self._global(_rollout.sequences(scored.rollout))
@@ -898,6 +907,13 @@ class Trainer:
     out["seconds"] = time.perf_counter() - start
     self._last = scored
     return out
+
+  def _reset_reference(self) -> None:
+    """The reference policy becomes a copy of the current one
+    (``train.reference_resets``); part of the state, so checkpointed."""
+    self.state = self.state._replace(
+      reference=jax.tree.map(jnp.copy, self.state.policy.params)
+    )
 
   def _check_finite(self, step: int, metrics: dict[str, float]) -> None:
     """Stop, or count a skip, when the update met a NaN or an infinity.

@@ -180,6 +180,16 @@ def _train(t) -> None:
     _positive("train.warm_start_lr", t.warm_start_lr)
     _int("train.warm_start_batch", t.warm_start_batch, 1)
   _int("train.max_skipped_updates", t.max_skipped_updates, 1)
+  resets = t.reference_resets
+  if not isinstance(resets, (tuple, list)) or any(
+    isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in resets
+  ):
+    _fail(
+      "train.reference_resets",
+      resets,
+      "must be a tuple of trainer steps (ints >= 0)",
+      "For example train.reference_resets=(30,).",
+    )
   if t.nonfinite not in _NONFINITE:
     _fail("train.nonfinite", t.nonfinite, f"must be one of {_NONFINITE}")
   mesh = t.mesh

@@ -146,9 +146,9 @@ def remix(
   `reincarnate_at` on (t >= reincarnate_at, t counted from 0) the KL is to
   the base alone (lam = 1), as on-policy training restarts (give the
   strategy the same step). The paper's base is then the reincarnated model:
-  resetting the trainer's reference weights to the policy's at that step
-  is a trainer feature this stage cannot do; without it the base stays
-  the initial model.
+  give the trainer ``train.reference_resets=(reincarnate_at,)``, which
+  makes the reference a copy of the policy as that step begins (without
+  it the base stays the initial model).
 
   Checked against the abstract and project page of arXiv 2507.06892 (the
   three components: mix-policy PPG, KL-Convex on base and precedent

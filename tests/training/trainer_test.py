@@ -48,6 +48,42 @@ def test_bad_settings_name_the_field(tmp_path, item, match):
     Trainer(_config("grpo", tmp_path, item))
 
 
+@pytest.mark.parametrize(
+  "item,match",
+  [
+    ("train.reference_resets=(-1,)", "train.reference_resets=.*ints >= 0"),
+    ("train.reference_resets=(1.5,)", "train.reference_resets=.*ints >= 0"),
+    ("train.reference_resets=3", "expected a tuple for 'reference_resets'"),
+  ],
+)
+def test_bad_reference_resets_name_the_field(tmp_path, item, match):
+  with pytest.raises(ValueError, match=match):
+    Trainer(_config("grpo", tmp_path, item))
+
+
+def test_reference_resets_copy_the_policy_at_their_steps(tmp_path):
+  config = _config(
+    "grpo",
+    tmp_path,
+    "algorithm.kwargs.kl_coef=0.1",
+    "train.reference_resets=(1,)",
+  )
+  trainer = Trainer(config)
+  leaves = jax.tree.leaves
+  start = [np.asarray(x) for x in leaves(trainer.state.policy.params)]
+  trainer.step(0)
+  after_0 = [np.asarray(x) for x in leaves(trainer.state.policy.params)]
+  for ref, x in zip(leaves(trainer.state.reference), start):
+    np.testing.assert_array_equal(ref, x)  # still the initial policy
+  assert any(not np.array_equal(a, b) for a, b in zip(after_0, start))
+  trainer.step(1)
+  for ref, x in zip(leaves(trainer.state.reference), after_0):
+    np.testing.assert_array_equal(ref, x)  # the policy as step 1 began
+  # an algorithm without a reference cannot reset one
+  with pytest.raises(ValueError, match="keeps no reference policy"):
+    Trainer(_config("grpo", tmp_path / "b", "train.reference_resets=(1,)"))
+
+
 def test_grpo_runs_and_writes_its_outputs(tmp_path):
   config = _config(
     "grpo",
