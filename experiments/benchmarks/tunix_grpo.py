@@ -64,7 +64,8 @@ later iterations.
 
 Both models loop over their 2 layers unrolled: Tunix's in Python, rljax's
 with `ModelConfig(scan_unroll=2)` (the default, 1, scans one layer per
-iteration, which keeps compile time flat for deep models).
+iteration, which keeps compile time flat for deep models). On SmolLM2's
+shape rljax scans its 30 layers (the default) unless ``--unroll``.
 
 Design differences that remain (not removable by configuration):
 * Tunix prefills P * G prompt rows, rljax P (it copies the cache). With
@@ -81,7 +82,8 @@ Tunix needs its own environment (it pins its own dependencies):
   /tmp/tunix-venv/bin/pip install -e . --no-deps
   /tmp/tunix-venv/bin/pip install chex gguf math-verify matplotlib
 Run: /tmp/tunix-venv/bin/python experiments/benchmarks/tunix_grpo.py [--iters N]
-       [--model smollm2 [--prefix-grouper]] [--out times.json]
+       [--model smollm2 [--prefix-grouper] [--unroll] [--tuned]]
+       [--out times.json]
 """
 
 import argparse
@@ -189,7 +191,7 @@ def reward_ids(shape: Shape, tokens_NT, mask_NT) -> np.ndarray:
 # --- rljax -----------------------------------------------------------------
 
 
-def rljax_config(shape: Shape) -> ModelConfig:
+def rljax_config(shape: Shape, unroll: bool = False) -> ModelConfig:
   return ModelConfig(
     vocab_size=shape.vocab,
     hidden_size=shape.d,
@@ -203,8 +205,8 @@ def rljax_config(shape: Shape) -> ModelConfig:
     tie_embeddings=True,
     max_position_embeddings=shape.s + shape.t,
     # Tunix's model loops over its layers in Python; a deep model scans
-    # (rljax's default), which keeps its compile time flat.
-    scan_unroll=shape.layers if shape.layers <= 4 else 1,
+    # (rljax's default, which keeps its compile time flat) unless `unroll`.
+    scan_unroll=shape.layers if unroll or shape.layers <= 4 else 1,
   )
 
 
@@ -256,12 +258,17 @@ def tune_stop(model: Transformer, shape: Shape) -> None:
   model.embed[...] = jnp.asarray(embed, model.embed[...].dtype)
 
 
-def rljax_setup(shape: Shape, prefix_grouper: bool = False):
+def rljax_setup(
+  shape: Shape,
+  prefix_grouper: bool = False,
+  unroll: bool = False,
+  schedule: str = "auto",
+):
   """(models, algorithm, initial state, jitted prepare, jitted update,
   engine or None, the initial model). With `prefix_grouper` the update
   encodes each group's prompt once (`UpdateSpec.prefix_grouper`, the
   Trainer's ``model.prefix_grouper``: the same loss and gradients)."""
-  config = rljax_config(shape)
+  config = rljax_config(shape, unroll)
   model = init_model(Transformer, config, seed=0)
   tune_stop(model, shape)
   algorithm = algorithms.grpo(eps=EPS, kl_coef=BETA)
@@ -280,7 +287,7 @@ def rljax_setup(shape: Shape, prefix_grouper: bool = False):
       update,
       models,
       algorithm,
-      UpdateSpec(shape.t, prefix_grouper=prefix_grouper),
+      UpdateSpec(shape.t, prefix_grouper=prefix_grouper, schedule=schedule),
     ),
     donate_argnums=0,
   )
@@ -473,8 +480,8 @@ class Interleaved:
 
   def __init__(self, shape: Shape, iters: int, variants: dict):
     self.shape = shape
-    # rljax variants: name -> prefix_grouper; each trains its own state
-    self.setups = {v: rljax_setup(shape, pg) for v, pg in variants.items()}
+    # rljax variants: name -> rljax_setup options; each its own state
+    self.setups = {v: rljax_setup(shape, **o) for v, o in variants.items()}
     self.states = {v: setup[2] for v, setup in self.setups.items()}
     self.prompts = prompt_ids(shape)
     self.key = jax.random.key(0)
@@ -574,6 +581,20 @@ def main():
     action="store_true",
     help="also time rljax with the prefix grouper (interleaved)",
   )
+  parser.add_argument(
+    "--unroll",
+    action="store_true",
+    help="rljax loops over its layers unrolled, as Tunix does (the"
+    " default scans them; compiles take longer)",
+  )
+  parser.add_argument(
+    "--tuned",
+    action="store_true",
+    help="also time rljax tuned for a CPU: the prefix grouper, dense"
+    " log-probs (logits materialised, as Tunix does; the default chunks"
+    " the vocabulary and recomputes in the backward pass) and unrolled"
+    " layers",
+  )
   parser.add_argument("--out", default=None, help="write the times (JSON)")
   args = parser.parse_args()
   shape = SHAPES[args.model]
@@ -581,9 +602,16 @@ def main():
     shape = dataclasses.replace(shape, sampler=args.sampler)
   logging.getLogger("absl").setLevel(logging.WARNING)
   load = os.getloadavg()
-  variants = {"rljax": False}
+  tag = ", layers unrolled" if args.unroll else ""
+  variants = {f"rljax{tag}": dict(unroll=args.unroll)}
   if args.prefix_grouper:
-    variants["rljax, prefix grouper"] = True
+    variants[f"rljax, prefix grouper{tag}"] = dict(
+      prefix_grouper=True, unroll=args.unroll
+    )
+  if args.tuned:
+    variants["rljax, tuned"] = dict(
+      prefix_grouper=True, unroll=True, schedule="dense"
+    )
   rl, tx, lengths = run(shape, args.iters, variants)
   sides = {**rl, "Tunix 0.1.7": tx}
   print(
