@@ -11,6 +11,11 @@ recipe in ``Batch.extra["stream_PG"]``. Configs name strategies
 
 from rljax.rollouts._anytime import AnytimeBudgets
 from rljax.rollouts._anytime import sample_anytime
+from rljax.rollouts._base import EXPLORE
+from rljax.rollouts._base import HINTED
+from rljax.rollouts._base import INJECTED
+from rljax.rollouts._base import PLAIN
+from rljax.rollouts._base import PRIVILEGED
 from rljax.rollouts._base import Drawn
 from rljax.rollouts._base import Group
 from rljax.rollouts._base import GroupStrategy
@@ -39,11 +44,6 @@ from rljax.rollouts._segment_tree import segment_depths
 from rljax.rollouts._segments import SegmentRollouts
 from rljax.rollouts._segments import sample_continuations
 from rljax.rollouts._segments import segment_cutpoints
-from rljax.rollouts._strategies import EXPLORE
-from rljax.rollouts._strategies import HINTED
-from rljax.rollouts._strategies import INJECTED
-from rljax.rollouts._strategies import PLAIN
-from rljax.rollouts._strategies import PRIVILEGED
 from rljax.rollouts._strategies import STRATEGIES
 from rljax.rollouts._strategies import InContextDemos
 from rljax.rollouts._strategies import InjectAnswer

@@ -21,6 +21,9 @@ import numpy as np
 from rljax import sampling
 from rljax.sampling import Rollout
 
+#: Batch.extra["stream_PG"] values of the built-in strategies (`Member.stream`)
+PLAIN, PRIVILEGED, HINTED, INJECTED, EXPLORE = range(5)
+
 State = dict[str, Any]  # JSON values and numpy arrays (checkpointed)
 # (rollout [R, N], rows: the group of each row) -> total rewards [R, N]
 Scorer = Callable[[Rollout, Sequence[int]], np.ndarray]

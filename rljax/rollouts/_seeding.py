@@ -8,15 +8,12 @@ from typing import Optional
 import numpy as np
 
 from rljax._src import checks
+from rljax.rollouts._base import HINTED
 from rljax.rollouts._base import GroupStrategy
 from rljax.rollouts._base import Member
 from rljax.rollouts._base import Scores
 from rljax.rollouts._base import State
 
-# The stream tag of `rljax.rollouts.HINTED` (samples with added context in
-# the prompt, for a group that all failed); not imported, as
-# _strategies.py imports this module to register it.
-_HINTED = 2
 # (query prompt, stored prompt) -> similarity; higher is closer
 Similarity = Callable[[str, str], float]
 
@@ -145,7 +142,7 @@ class ICLSeeding(GroupStrategy):
       member = Member(
         prompt=prompt,
         train_prompt=prompt if self.train_on == "seeded" else group.prompt,
-        stream=_HINTED,
+        stream=HINTED,
       )
       k = max(1, round(self.fraction * valid.size))
       for g in valid[-k:]:

@@ -10,6 +10,11 @@ import numpy as np
 
 from rljax._src import checks
 from rljax.rollouts._anytime import AnytimeBudgets
+from rljax.rollouts._base import EXPLORE
+from rljax.rollouts._base import HINTED
+from rljax.rollouts._base import INJECTED
+from rljax.rollouts._base import PLAIN
+from rljax.rollouts._base import PRIVILEGED
 from rljax.rollouts._base import Group
 from rljax.rollouts._base import GroupStrategy
 from rljax.rollouts._base import Member
@@ -24,9 +29,6 @@ from rljax.rollouts._seeding import ICLSeeding
 from rljax.rollouts._segment_tree import SegmentTree
 from rljax.rollouts._segments import SegmentRollouts
 from rljax.rollouts._trees import TreeRollouts
-
-#: Batch.extra["stream_PG"] values of the strategies below
-PLAIN, PRIVILEGED, HINTED, INJECTED, EXPLORE = range(5)
 
 Text = str | Callable[[Mapping[str, Any]], Optional[str]]
 
