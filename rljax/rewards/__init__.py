@@ -31,6 +31,8 @@ from rljax.rewards._base import Samples
 from rljax.rewards._base import Scores
 from rljax.rewards._base import as_specs
 from rljax.rewards._base import score
+from rljax.rewards._episodes import episode_return
+from rljax.rewards._episodes import tool_calls
 from rljax.rewards._format import THINK_ANSWER
 from rljax.rewards._format import answer_format
 from rljax.rewards._format import length_penalty
@@ -50,8 +52,16 @@ from rljax.rewards._registry import REWARDS
 from rljax.rewards._registry import get
 from rljax.rewards._repetition import loop_fraction
 from rljax.rewards._repetition import repetition_penalty
+from rljax.rewards._tools import budget_note
+from rljax.rewards._tools import otc
+from rljax.rewards._tools import toolrl
+from rljax.rewards._tools import toolrl_correctness
+from rljax.rewards._tools import toolrl_format
+from rljax.rewards._tools import toolrl_match_score
 
 __all__ = [
+  "episode_return",
+  "tool_calls",
   "EXTRACT_MODES",
   "REWARDS",
   "RewardFn",
@@ -83,4 +93,10 @@ __all__ = [
   "success_gated_reward",
   "thought_reward",
   "thought_rewards",
+  "budget_note",
+  "otc",
+  "toolrl",
+  "toolrl_correctness",
+  "toolrl_format",
+  "toolrl_match_score",
 ]

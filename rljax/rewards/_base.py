@@ -21,12 +21,17 @@ class Samples(NamedTuple):
     truncated: True where generation hit the length limit, bool [N].
     metadata: each sample's task example dict, e.g. {"question": ...,
       "answer": "68"} (the G samples of a prompt share one dict).
+    extra: per-sample side arrays, name -> array with leading axis N: the
+      rollout's ``_PG`` side data (an agent episode's ``tool_calls_PG``,
+      ``episode_return_PG``, ...; see `rljax.envs`); None when there is
+      none.
   """
 
   texts: Sequence[str]
   num_tokens: np.ndarray
   truncated: np.ndarray
   metadata: Sequence[Mapping[str, Any]]
+  extra: Mapping[str, np.ndarray] | None = None
 
 
 class RewardResult(NamedTuple):
@@ -152,6 +157,12 @@ def _num_samples(samples: Samples) -> int:
       raise ValueError(
         f"samples.{field} has {len(value)} entries but samples.texts has {n};"
         " every field needs one entry per completion."
+      )
+  for name, value in (samples.extra or {}).items():
+    if len(value) != n:
+      raise ValueError(
+        f"samples.extra[{name!r}] has {len(value)} entries but samples.texts"
+        f" has {n}; every side array needs one entry per completion."
       )
   return n
 

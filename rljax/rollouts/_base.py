@@ -131,6 +131,14 @@ class GroupStrategy:
     del task
     return self
 
+  def bind(self, tokenizer, *, chat: bool) -> "GroupStrategy":
+    """This strategy bound to the run's tokenizer, for strategies that
+    decode or encode text between decoding rounds (agent episodes); `chat`
+    says whether prompts are chat-templated. The trainer calls it once,
+    after `prepare`. Default: itself."""
+    del tokenizer, chat
+    return self
+
   def init(self) -> State:
     """The state before the first step (default: empty)."""
     return {}

@@ -542,9 +542,13 @@ STRATEGIES = {
 
 
 def get(name: str, **kwargs) -> GroupStrategy:
-  """A group strategy by name (``sampler.groups`` in a config)."""
-  if name not in STRATEGIES:
+  """A group strategy by name (``sampler.groups`` in a config), including
+  the agent strategies of `rljax.envs` (``"episodes"``, ...)."""
+  from rljax import envs  # noqa: PLC0415 - envs builds on this package
+
+  known = {**STRATEGIES, **envs.STRATEGIES}
+  if name not in known:
     raise ValueError(
-      f"unknown group strategy {name!r}; known: {sorted(STRATEGIES)}."
+      f"unknown group strategy {name!r}; known: {sorted(known)}."
     )
-  return STRATEGIES[name](**kwargs)
+  return known[name](**kwargs)

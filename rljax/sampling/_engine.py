@@ -448,7 +448,9 @@ class Engine:
       "decode_steps": 0,
       "row_steps": 0,
       "preempted": 0,
+      "evicted": 0,
     }
+    self._kept: list[Sequence] = []  # stopped and kept, in stop order
 
   # --- queueing ---------------------------------------------------------------
 
@@ -600,6 +602,8 @@ class Engine:
     if temperature is not None:
       seq.base_temperature = float(temperature)
     seq.stop_reason = RUNNING
+    if seq in self._kept:
+      self._kept.remove(seq)
     self._waiting.append(seq)
     return seq
 
@@ -614,6 +618,8 @@ class Engine:
   def release(self, seq: Sequence) -> None:
     """Free a kept sequence's pages (after its forks have started)."""
     seq.released = True
+    if seq in self._kept:
+      self._kept.remove(seq)
     self._maybe_free(seq)
 
   def _maybe_free(self, seq: Sequence) -> None:
@@ -710,13 +716,35 @@ class Engine:
 
   # --- scheduling -------------------------------------------------------------
 
-  def run(self, model) -> list[Sequence]:
+  def run(
+    self,
+    model,
+    *,
+    on_stop: Optional[Callable[[list], None]] = None,
+    poll: Optional[Callable[[bool], bool]] = None,
+  ) -> list[Sequence]:
     """Decode every queued sequence until it stops; returns them, in the
-    order they were queued."""
+    order they were queued.
+
+    Two hooks let the caller continue sequences while others decode (an
+    agent's environment steps): ``on_stop(seqs)`` gets, after each
+    segment, the sequences that stopped in it; ``poll(block) -> bool``
+    runs before each segment, queues the continuations that are ready
+    (`extend`, `fork`) and returns whether more are still to come; with
+    ``block=True`` nothing is left to decode and it should wait until one
+    is ready (or none is outstanding). The run ends when nothing is queued,
+    running or outstanding.
+    """
     graphdef, state = nnx.split(model)
     self._ensure_pool()
     queued = [s for s in self._waiting]
-    while self._waiting or any(s is not None for s in self._slots):
+    while True:
+      busy = self._waiting or any(s is not None for s in self._slots)
+      more = poll(not busy) if poll is not None else False
+      if not (self._waiting or any(s is not None for s in self._slots)):
+        if more:
+          continue
+        break
       self._admit(graphdef, state)
       self._reserve()
       if not any(s is not None for s in self._slots):
@@ -726,7 +754,9 @@ class Engine:
           " cannot hold the next waiting sequence; release kept sequences or"
           " raise num_pages."
         )
-      self._segment(graphdef, state)
+      stopped = self._segment(graphdef, state)
+      if on_stop is not None and stopped:
+        on_stop(stopped)
     return queued
 
   def _free_slots(self, shard: int) -> list[int]:
@@ -858,7 +888,28 @@ class Engine:
     return ready | set(placed)
 
   def _preempt_for(self, seq: Sequence) -> bool:
-    """Free the latest admitted running sequence of `seq`'s shard."""
+    """Free pages for `seq`: first those of the most recently stopped
+    idle kept sequence of its shard (one waiting to be extended or forked;
+    it is re-prefilled from its tokens when it continues), else those of
+    the latest admitted running one (re-queued)."""
+    idle = [
+      s
+      for s in self._kept
+      if s.shard == seq.shard
+      and s.pages
+      and s is not seq
+      and s is not seq.parent
+      and not s.pending_children
+      and s.done
+      and not s.released
+    ]
+    if idle:
+      victim = idle[-1]
+      self._decref(victim.shard, victim.pages)
+      victim.pages, victim.cached = [], 0
+      self._kept.remove(victim)
+      self.stats["evicted"] += 1
+      return True
     running = [
       (s.admitted, i)
       for i, s in enumerate(self._slots)
@@ -921,7 +972,8 @@ class Engine:
       return len(rows) + 1  # never: no narrower packing
     return max(1, running - self.shards * (width // 2))
 
-  def _segment(self, graphdef, state) -> None:
+  def _segment(self, graphdef, state) -> list[Sequence]:
+    """Decode one segment; returns the sequences that stopped in it."""
     rows_seqs = self._rows()
     s = self.settings._replace(slots=len(rows_seqs))
     slots = rows_seqs
@@ -966,6 +1018,7 @@ class Engine:
     self.stats["segments"] += 1
     self.stats["decode_steps"] += steps
     self.stats["row_steps"] += steps * b
+    stopped = []
     for i, seq in enumerate(slots):
       if seq is None:
         continue
@@ -987,7 +1040,11 @@ class Engine:
         self._slots[self._slots.index(seq)] = None
         if not seq.keep:
           seq.released = True
+        else:
+          self._kept.append(seq)
         self._maybe_free(seq)
+        stopped.append(seq)
+    return stopped
 
   def _truncate(self, seq: Sequence, keep: int) -> None:
     """Keep the first `keep` tokens of this turn (a stop rule's cut)."""

@@ -23,6 +23,10 @@ class Task:
     alphabet: every character prompts and answers can contain, when the task
       knows it (a scratch model's character tokenizer is built from it);
       None otherwise.
+    environment: for an interactive task, the factory of a fresh
+      `rljax.envs.Environment` per episode (the trainer then samples
+      multi-turn episodes, `rljax.envs.EpisodeRollouts`); None: each sample
+      is one completion of ``format_prompt(example)``.
   """
 
   name: str
@@ -31,3 +35,4 @@ class Task:
   rewards: Sequence[tuple[str, RewardFn, float]]
   format_prompt: Callable[[Mapping[str, Any]], str]
   alphabet: str | None = None
+  environment: Callable[[], Any] | None = None

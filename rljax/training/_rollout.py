@@ -130,6 +130,12 @@ def score_rollout(
     num_tokens=mask_NT.sum(-1)[valid],
     truncated=np.asarray(rollout.truncated_PG).reshape(-1)[valid],
     metadata=[examples[i // g] for i in valid],
+    extra={
+      k: np.asarray(v).reshape(p * g, *np.shape(v)[2:])[valid]
+      for k, v in (extra or {}).items()
+      if k.endswith("_PG")
+    }
+    or None,
   )
   scores = _spread(rewards_lib.score(samples, task.rewards), valid, p * g)
   return Scored(

@@ -43,6 +43,7 @@ import numpy as np
 
 from rljax import algorithms
 from rljax import checkpointing
+from rljax import envs
 from rljax import monitoring
 from rljax import rollouts
 from rljax import sampling
@@ -267,11 +268,6 @@ class Trainer:
         c.sampler.groups,
         **c.sampler.groups_kwargs,
       )
-    if self.groups is not None and c.sampler.engine != "continuous":
-      raise UserError(
-        f"a group strategy ({type(self.groups).__name__}) samples with the"
-        " rollout engine: set sampler.engine='continuous'."
-      )
     with self._locked():
       self._build(resume, algorithm, task, rewards, teacher)
 
@@ -343,10 +339,17 @@ class Trainer:
       "sampler.prompts", self.prompt_sampler.prepare, self.task.train
     )
     self.groups_state = None
+    if self.groups is None and self.task.environment is not None:
+      self.groups = envs.EpisodeRollouts()  # an interactive task
     if self.groups is not None:
+      if c.sampler.engine != "continuous":
+        raise UserError(
+          f"a group strategy ({type(self.groups).__name__}) samples with the"
+          " rollout engine: set sampler.engine='continuous'."
+        )
       self.groups = _from_config(
         "sampler.groups", self.groups.prepare, self.task
-      )
+      ).bind(self.tokenizer, chat=c.model.chat_template)
       self.groups_state = self.groups.init()
     self.prompt_state = self.prompt_sampler.init(
       len(self.task.train), c.train.seed
@@ -730,6 +733,10 @@ class Trainer:
       )
     if scored.extra:
       batch = batch.with_extra(**scored.extra)
+      if "loss_mask_PGT" in scored.extra:  # agent episodes: actions only
+        batch = batch._replace(
+          mask_PGT=batch.mask_PGT * np.asarray(scored.extra["loss_mask_PGT"])
+        )
     return self._global(batch)
 
   def _fill(self, prompts, key):

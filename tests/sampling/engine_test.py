@@ -443,12 +443,25 @@ def test_bad_requests_raise(model):
     engine.extend(seq, [3], max_new_tokens=2)
 
 
-def test_a_pool_held_by_kept_sequences_raises_instead_of_hanging(model):
+def test_idle_kept_sequences_give_their_pages_to_waiting_ones(model):
+  # A kept sequence waiting to be extended (an agent's tool call) holds 11
+  # of 13 pages; the next sequence takes them, and the kept one, extended
+  # later, is re-prefilled and samples exactly what it would have.
+  key = jax.random.key(0)
   engine = _engine(model, num_pages=14, max_length=48)  # 13 usable pages
-  [kept] = engine.add(
-    list(range(1, 40)), key=jax.random.key(0), max_new_tokens=2, keep=True
-  )
+  [kept] = engine.add(list(range(1, 40)), key=key, max_new_tokens=2, keep=True)
   engine.run(model)  # holds 11 pages
-  engine.add(list(range(1, 30)), key=jax.random.key(1), max_new_tokens=2)
-  with pytest.raises(RuntimeError, match="release kept sequences"):
-    engine.run(model)
+  [other] = engine.add(
+    list(range(1, 30)), key=jax.random.key(1), max_new_tokens=2
+  )
+  engine.run(model)
+  assert engine.stats["evicted"] == 1 and other.done
+  engine.extend(kept, [3, 4], max_new_tokens=4)
+  engine.run(model)
+  ample = _engine(model, max_length=48)
+  [ref] = ample.add(list(range(1, 40)), key=key, max_new_tokens=2, keep=True)
+  ample.run(model)
+  ample.extend(ref, [3, 4], max_new_tokens=4)
+  ample.run(model)
+  assert kept.tokens == ref.tokens
+  np.testing.assert_allclose(kept.logp, ref.logp, atol=1e-5)

@@ -1,0 +1,58 @@
+"""Environments: multi-turn, tool-using episodes for agentic RL.
+
+An `Environment` is one episode of an interactive task, token-in/token-out:
+`reset(example)` gives the first context (`Start`: text, chat messages or
+token ids, and the tools' schemas), `step(action)` answers each policy turn
+(`Action`: its text and tokens) with a `Step`: the observation to append
+(a tool's output, the game's next state), a reward, done, the state's key
+and the turn's tool-call counts. Single-turn tasks are the one-step case.
+
+`run_episodes` runs many episodes at once on the rollout engine
+(`rljax.sampling.Engine`): an episode's sequence pauses after each turn,
+its environment step runs in a thread while other episodes decode, and the
+observation's tokens are appended to the cached sequence (`Engine.extend`),
+so no prompt is re-encoded and each episode samples exactly what decoding
+its turns one by one would. `EpisodeRollouts` is the group strategy the
+trainer uses for a task with an environment.
+
+The agent data layout (what the batch carries, `Batch.extra`; N = max
+turns):
+  loss_mask_PGT      1 on the policy's tokens, 0 on observations: the
+                     trainer multiplies ``Batch.mask_PGT`` by it, so the
+                     loss, the KL and entropy terms see actions only
+  turn_ids_PGT       the turn of each completion token (-1: padding)
+  turns_PG           actions taken
+  turn_rewards_PG    [P, G, N] each action's reward
+  state_ids_PG       [P, G, N] the state each action acted in (equal ids:
+                     equal states; -1: not reported)
+  tool_calls_PG      [P, G, N] tool calls per action; tool_errors_PG: the
+                     failed ones
+  episode_return_PG  the sum of the turn rewards
+Reward functions see the ``_PG`` arrays in ``Samples.extra``
+(`rljax.rewards.episode_return` reads the return).
+"""
+
+from rljax.envs._base import Action
+from rljax.envs._base import Content
+from rljax.envs._base import Environment
+from rljax.envs._base import Start
+from rljax.envs._base import Step
+from rljax.envs._episodes import Episodes
+from rljax.envs._episodes import run_episodes
+from rljax.envs._render import Renderer
+from rljax.envs._strategy import EpisodeRollouts
+
+STRATEGIES = {"episodes": EpisodeRollouts}
+
+__all__ = [
+  "STRATEGIES",
+  "Action",
+  "Content",
+  "Environment",
+  "EpisodeRollouts",
+  "Episodes",
+  "Renderer",
+  "Start",
+  "Step",
+  "run_episodes",
+]

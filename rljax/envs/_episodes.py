@@ -1,0 +1,372 @@
+"""Multi-turn episodes on the rollout engine: `run_episodes`, `Episodes`."""
+
+from collections.abc import Callable, Mapping, Sequence
+import concurrent.futures as futures
+import dataclasses
+import logging
+import time
+import traceback
+from typing import Any, NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from rljax import sampling
+from rljax.envs._base import Action
+from rljax.envs._base import Environment
+from rljax.envs._base import Start
+from rljax.envs._base import Step
+from rljax.envs._render import Renderer
+
+_logger = logging.getLogger("rljax.envs")
+_warned: set[str] = set()
+
+
+@dataclasses.dataclass(eq=False)
+class _Episode:
+  p: int
+  g: int
+  env: Environment
+  start: Start
+  seq: Any = None  # the engine sequence
+  actions: list = dataclasses.field(default_factory=list)  # (start, end)
+  rewards: list = dataclasses.field(default_factory=list)
+  states: list = dataclasses.field(default_factory=list)
+  tool_calls: list = dataclasses.field(default_factory=list)
+  tool_errors: list = dataclasses.field(default_factory=list)
+  future: Any = None
+  deadline: float = 0.0
+  result: Optional[Step] = None  # a finished step not yet applied
+  done: bool = False
+  truncated: bool = False
+  error: str = ""  # why the environment ended the episode abnormally
+
+
+class Episodes(NamedTuple):
+  """The episodes of a [P, G] batch.
+
+  Attributes:
+    rollout: the [P, G, T] `rljax.sampling.Rollout`: each completion is the
+      whole episode after the prompt (actions and observations);
+      ``truncated_PG`` marks episodes cut by the context budget.
+    extra: the side arrays of the agent data layout (`rljax.envs`):
+      ``loss_mask_PGT``, ``turn_ids_PGT``, ``turns_PG``,
+      ``turn_rewards_PG`` [P, G, N], ``state_ids_PG`` [P, G, N],
+      ``tool_calls_PG`` [P, G, N], ``tool_errors_PG`` [P, G, N],
+      ``episode_return_PG``.
+    stats: counts over the batch: episodes, turns, tool calls and errors,
+      environment errors and time-outs, truncated episodes, and the seconds
+      spent decoding vs waiting for environment steps.
+  """
+
+  rollout: sampling.Rollout
+  extra: dict
+  stats: dict
+
+
+def run_episodes(
+  engine: sampling.Engine,
+  model,
+  renderer: Renderer,
+  make_env: Callable[[], Environment],
+  examples: Sequence[Mapping[str, Any]],
+  counts: Sequence[int],
+  *,
+  key: jax.Array,
+  width: int,
+  turn_tokens: int,
+  max_turns: int,
+  budget: Optional[int] = None,
+  temperature: float = 1.0,
+  group_size: Optional[int] = None,
+  overlap: bool = True,
+  workers: int = 8,
+  step_timeout: Optional[float] = None,
+) -> Episodes:
+  """Run ``counts[p]`` episodes of each task example with the engine.
+
+  Every episode gets a fresh environment (`make_env`), starts from
+  `Environment.reset`, and alternates a policy turn (at most `turn_tokens`
+  tokens, ended by a stop token, a stop string of the environment, or the
+  budget) with `Environment.step`, until the environment says done, the
+  episode has `max_turns` actions, or its completion would exceed
+  `budget` tokens (default `width`, the rollout's width; then it ends
+  truncated, before the observation that does not fit). An episode's sequence stays in the engine between turns (its
+  cache is reused; the observation's tokens are prefilled), and its
+  token s is drawn with ``fold_in(sequence key, s)``, so an episode samples
+  exactly what decoding its turns one by one would. Episode g of example p
+  draws with ``fold_in(fold_in(key, p), k)``'s j-th child, k counting the
+  example's distinct first prompts (equal prompts share their cache).
+
+  With ``overlap=True`` environment steps run in a pool of `workers`
+  threads while the engine decodes other episodes (a step's result is
+  applied at the next segment boundary); otherwise each segment's steps run
+  one after another before decoding goes on. In a multi-process run every
+  process runs every episode's steps, and all steps started in a segment
+  finish before the next, so the processes schedule alike (keep
+  environments deterministic). A step that raises, or takes longer
+  than `step_timeout` seconds (a late result is dropped; a step still
+  running at its deadline is left to finish in its thread), ends its
+  episode with no further reward; both are counted in ``stats``.
+  """
+  counts = [int(c) for c in counts]
+  budget = width if budget is None else min(int(budget), width)
+  p = len(examples)
+  g = int(group_size or max(counts, default=1))
+  if width < 1 or turn_tokens < 1 or max_turns < 1:
+    raise ValueError(
+      f"width ({width}), turn_tokens ({turn_tokens}) and max_turns"
+      f" ({max_turns}) must be >= 1."
+    )
+  stop_strings = ()
+  episodes: list[_Episode] = []
+  by_uid: dict[int, _Episode] = {}
+  stats = dict.fromkeys(
+    (
+      "episodes",
+      "turns",
+      "tool_calls",
+      "tool_errors",
+      "env_errors",
+      "env_timeouts",
+      "truncated",
+    ),
+    0,
+  )
+  for i, example in enumerate(examples):
+    key_i = jax.random.fold_in(key, i)
+    starts: dict[tuple, list[_Episode]] = {}
+    for j in range(counts[i]):
+      env = make_env()
+      start = env.reset(example)
+      if not isinstance(start, Start):
+        raise TypeError(
+          f"{type(env).__name__}.reset returned {type(start).__name__};"
+          " it must return envs.Start."
+        )
+      stop_strings = tuple(env.stop_strings) or stop_strings
+      ep = _Episode(i, j, env, start, states=[start.state])
+      episodes.append(ep)
+      tokens = tuple(renderer.prompt(start.prompt, start.tools))
+      starts.setdefault(tokens, []).append(ep)
+    for k, (tokens, group) in enumerate(sorted(starts.items())):
+      seqs = engine.add(
+        list(tokens),
+        key=jax.random.fold_in(key_i, k),
+        max_new_tokens=min(turn_tokens, budget),
+        num_samples=len(group),
+        temperature=temperature,
+        keep=True,
+        shard=i * engine.shards // max(p, 1),
+      )
+      for ep, seq in zip(group, seqs):
+        ep.seq = seq
+        by_uid[seq.uid] = ep
+  stats["episodes"] = len(episodes)
+  tokenizer = renderer.tokenizer
+  stop_ids = set(engine.stop_ids)
+  pool = futures.ThreadPoolExecutor(max(1, workers)) if overlap else None
+  together = jax.process_count() > 1
+  clock = {"env": 0.0}
+
+  def finish(ep: _Episode, *, truncated: bool = False) -> None:
+    ep.done = True
+    ep.truncated = ep.truncated or truncated
+    engine.release(ep.seq)
+    try:
+      ep.env.close()
+    except Exception as e:  # noqa: BLE001 - a close failure ends nothing
+      _warn_once(type(ep.env).__name__ + ".close", e)
+
+  def on_stop(seqs) -> None:
+    for seq in seqs:
+      ep = by_uid.get(seq.uid)
+      if ep is None or ep.done:
+        continue
+      begin = seq.turn_start - seq.prompt_length
+      end = len(seq.completion)
+      ep.actions.append((begin, end))
+      stats["turns"] += 1
+      stopped = bool(seq.turn) and seq.turn[-1] in stop_ids
+      if end >= budget:  # the context budget is spent
+        ep.rewards.append(0.0)
+        ep.tool_calls.append(0)
+        ep.tool_errors.append(0)
+        finish(ep, truncated=True)
+        continue
+      turn = seq.turn[:-1] if stopped else seq.turn
+      action = Action(
+        text=tokenizer.decode(turn, skip_special=False),
+        tokens=tuple(seq.turn),
+        turn=len(ep.actions) - 1,
+        truncated=seq.stop_reason
+        not in (sampling.REASONS.index("stop_id"), _STOP_RULE),
+      )
+      if pool is None:
+        ep.result = _safe_step(ep.env, action)
+        clock["env"] += ep.result[1]
+      else:
+        ep.future = pool.submit(_safe_step, ep.env, action)
+        ep.deadline = time.monotonic() + (step_timeout or float("inf"))
+
+  def apply(ep: _Episode, timed) -> None:
+    result, seconds = timed
+    if step_timeout is not None and seconds > step_timeout:
+      result = "timeout"
+    if isinstance(result, str):  # the step raised or timed out
+      ep.error = result
+      stats["env_timeouts" if result == "timeout" else "env_errors"] += 1
+      ep.rewards.append(0.0)
+      ep.tool_calls.append(0)
+      ep.tool_errors.append(0)
+      finish(ep)
+      return
+    ep.rewards.append(float(result.reward))
+    ep.tool_calls.append(int(result.tool_calls))
+    ep.tool_errors.append(int(result.tool_errors))
+    stats["tool_calls"] += int(result.tool_calls)
+    stats["tool_errors"] += int(result.tool_errors)
+    if result.done or len(ep.actions) >= max_turns:
+      finish(ep)
+      return
+    seq = ep.seq
+    stopped = bool(seq.turn) and seq.turn[-1] in stop_ids
+    obs = renderer.observation(result.observation, stopped=stopped)
+    room = budget - len(seq.completion) - len(obs)
+    if room < 1 or len(seq.tokens) + len(obs) + 1 >= engine.max_length:
+      finish(ep, truncated=True)
+      return
+    ep.states.append(result.state)
+    engine.extend(seq, obs, max_new_tokens=min(turn_tokens, room))
+
+  def poll(block: bool) -> bool:
+    for ep in episodes:  # serial mode: results of the last segment
+      if ep.result is not None:
+        result, ep.result = ep.result, None
+        apply(ep, result)
+    if pool is None:
+      return False
+    pending = [ep for ep in episodes if ep.future is not None]
+    if not pending:
+      return False
+    t0 = time.perf_counter()
+    if block or together:
+      deadline = min(ep.deadline for ep in pending)
+      wait = None if deadline == float("inf") else deadline - time.monotonic()
+      futures.wait(
+        [ep.future for ep in pending],
+        timeout=None if wait is None else max(wait, 0.0),
+        return_when=futures.ALL_COMPLETED
+        if together
+        else futures.FIRST_COMPLETED,
+      )
+    clock["env"] += time.perf_counter() - t0
+    now = time.monotonic()
+    for ep in pending:
+      if ep.future.done():
+        result, ep.future = ep.future.result(), None
+        apply(ep, result)
+      elif now >= ep.deadline:
+        ep.future = None
+        apply(ep, ("timeout", now - ep.deadline + step_timeout))
+    return any(ep.future is not None for ep in episodes)
+
+  rule = engine.stop_rule
+  if stop_strings:
+    decode = lambda ids: tokenizer.decode(ids, skip_special=False)  # noqa: E731
+    engine.stop_rule = sampling.stop_at_strings(decode, stop_strings)
+  t0 = time.perf_counter()
+  try:
+    engine.run(model, on_stop=on_stop, poll=poll)
+  finally:
+    engine.stop_rule = rule
+    if pool is not None:
+      pool.shutdown(wait=False, cancel_futures=True)
+  stats["seconds"] = time.perf_counter() - t0
+  stats["env_seconds"] = clock["env"]
+  for ep in episodes:
+    if not ep.done:  # the engine ended it (capacity) between steps
+      finish(ep, truncated=True)
+  stats["truncated"] = sum(ep.truncated for ep in episodes)
+  return _collect(episodes, p, g, width, max_turns, stats)
+
+
+_STOP_RULE = sampling.REASONS.index("stop_rule")
+
+
+def _safe_step(env: Environment, action: Action) -> tuple:
+  """(`env.step(action)` or a one-line error text when it raises, the
+  seconds it took)."""
+  start = time.perf_counter()
+  try:
+    out = env.step(action)
+  except Exception as e:  # noqa: BLE001 - the episode ends, the run goes on
+    _warn_once(type(env).__name__ + ".step", e)
+    out = f"{type(e).__name__}: {e}"
+  if not isinstance(out, (Step, str)):
+    out = (
+      f"{type(env).__name__}.step returned {type(out).__name__}; it must"
+      " return envs.Step."
+    )
+  return out, time.perf_counter() - start
+
+
+def _warn_once(where: str, error: Exception) -> None:
+  if where not in _warned:
+    _warned.add(where)
+    _logger.warning(
+      "%s raised; its episode ends (reported once per place):\n%s",
+      where,
+      "".join(traceback.format_exception(error)),
+    )
+
+
+def _collect(episodes, p, g, width, n, stats) -> Episodes:
+  out = sampling.RolloutBuilder(p, g, width)
+  loss = np.zeros((p, g, width), np.float32)
+  turn_ids = np.full((p, g, width), -1, np.int32)
+  turns = np.zeros((p, g), np.int32)
+  rewards = np.zeros((p, g, n), np.float32)
+  states = np.full((p, g, n), -1, np.int32)
+  calls = np.zeros((p, g, n), np.int32)
+  errors = np.zeros((p, g, n), np.int32)
+  ids: dict[str, int] = {}
+  prompts = np.zeros((p, g), object)
+  for ep in episodes:
+    i, j, seq = ep.p, ep.g, ep.seq
+    out.put(i, j, seq)
+    out.truncated[i, j] = ep.truncated
+    prompts[i, j] = seq.tokens[: seq.prompt_length]
+    length = len(seq.completion)
+    loss[i, j, :length] = seq.sampled[:length]
+    k = len(ep.actions)
+    turns[i, j] = k
+    for t, (begin, _) in enumerate(ep.actions):
+      nxt = ep.actions[t + 1][0] if t + 1 < k else length
+      turn_ids[i, j, begin:nxt] = t
+    rewards[i, j, :k] = ep.rewards[:k]
+    calls[i, j, :k] = ep.tool_calls[:k]
+    errors[i, j, :k] = ep.tool_errors[:k]
+    for t, state in enumerate(ep.states[:k]):
+      if state is not None:
+        states[i, j, t] = ids.setdefault(str(state), len(ids))
+  s = max((len(x) for x in prompts.reshape(-1) if x), default=1)
+  tokens = np.zeros((p, g, s), np.int32)
+  mask = np.zeros((p, g, s), np.int32)
+  for i in range(p):
+    for j in range(g):
+      row = prompts[i, j] or []
+      if row:
+        tokens[i, j, s - len(row) :] = row
+        mask[i, j, s - len(row) :] = 1
+  extra = {
+    "loss_mask_PGT": loss,
+    "turn_ids_PGT": turn_ids,
+    "turns_PG": turns,
+    "turn_rewards_PG": rewards,
+    "state_ids_PG": states,
+    "tool_calls_PG": calls,
+    "tool_errors_PG": errors,
+    "episode_return_PG": rewards.sum(-1),
+  }
+  return Episodes(out.rollout(tokens, mask), extra, stats)
