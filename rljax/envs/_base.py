@@ -1,6 +1,7 @@
 """The environment interface: `Environment`, `Start`, `Action`, `Step`."""
 
 from collections.abc import Mapping, Sequence
+import copy
 from typing import Any, NamedTuple, Optional
 
 # A prompt or observation: text, chat messages ({"role", "content"} dicts,
@@ -99,6 +100,12 @@ class Environment:
     raise TypeError(
       f"{type(self).__name__} must define step(action) -> envs.Step."
     )
+
+  def fork(self) -> "Environment":
+    """A copy that continues independently from the current state (for
+    trees of episodes, `run_episodes(branch=...)`). Default: a deep copy;
+    override it to share what need not be copied (a tool sandbox)."""
+    return copy.deepcopy(self)
 
   def close(self) -> None:
     """Release what the episode holds (called once it ends)."""

@@ -36,7 +36,11 @@ class _Episode:
   tool_errors: list = dataclasses.field(default_factory=list)
   future: Any = None
   deadline: float = 0.0
-  result: Optional[Step] = None  # a finished step not yet applied
+  result: Optional[tuple] = None  # a finished step not yet applied
+  begin: int = 0  # completion index of the current action's first token
+  nodes: list = dataclasses.field(default_factory=list)  # tree node ids
+  probing: int = 0  # tokens of the current action left after its probe
+  first_entropy: Optional[float] = None
   done: bool = False
   truncated: bool = False
   error: str = ""  # why the environment ended the episode abnormally
@@ -53,7 +57,7 @@ class Episodes(NamedTuple):
       ``loss_mask_PGT``, ``turn_ids_PGT``, ``turns_PG``,
       ``turn_rewards_PG`` [P, G, N], ``state_ids_PG`` [P, G, N],
       ``tool_calls_PG`` [P, G, N], ``tool_errors_PG`` [P, G, N],
-      ``episode_return_PG``.
+      ``episode_return_PG``, ``node_ids_PG`` [P, G, N].
     stats: counts over the batch: episodes, turns, tool calls and errors,
       environment errors and time-outs, truncated episodes, and the seconds
       spent decoding vs waiting for environment steps.
@@ -62,6 +66,44 @@ class Episodes(NamedTuple):
   rollout: sampling.Rollout
   extra: dict
   stats: dict
+
+
+class BranchPoint(NamedTuple):
+  """Where a branching rule (``run_episodes(branch=...)``) may fork an
+  episode.
+
+  With ``branch.probe_tokens == 0`` the point is an observation: the
+  environment has answered action `turn` and the branches would each
+  continue after the observation. With ``probe_tokens = k > 0`` the point
+  is k tokens into the next action (`turn` + 1), and `entropy` is theirs;
+  the branches share those k tokens.
+
+  Attributes:
+    group: the example's index p.
+    turn: the index of the action just answered (observation points) or
+      of the action being probed.
+    action: that action.
+    step: the environment's answer to the action just answered (the
+      observation's `Step`); None at probe points.
+    entropy: the mean surprise (-log p under the full distribution) of the
+      probed tokens, or of the answered action at observation points: an
+      unbiased estimate of the policy's mean token entropy there.
+    first_entropy: the same over the first tokens (at most k) of the
+      episode's first action (ARPO's initial entropy).
+    tool_calls: tool calls of the answered action (observation points).
+    leaves: the episodes the group has now.
+    budget: the most episodes the group may have (G).
+  """
+
+  group: int
+  turn: int
+  action: Action
+  step: Optional[Step]
+  entropy: float
+  first_entropy: float
+  tool_calls: int
+  leaves: int
+  budget: int
 
 
 def run_episodes(
@@ -82,6 +124,7 @@ def run_episodes(
   overlap: bool = True,
   workers: int = 8,
   step_timeout: Optional[float] = None,
+  branch: Optional[Callable[[BranchPoint], int]] = None,
 ) -> Episodes:
   """Run ``counts[p]`` episodes of each task example with the engine.
 
@@ -108,6 +151,15 @@ def run_episodes(
   than `step_timeout` seconds (a late result is dropped; a step still
   running at its deadline is left to finish in its thread), ends its
   episode with no further reward; both are counted in ``stats``.
+
+  Trees of episodes (ARPO, AEPO, PORTool): a `branch` rule is called at
+  each `BranchPoint` and returns how many extra branches to fork there
+  (clipped to what the group's `group_size` leaves). The branches share
+  the episode's cache (`Engine.fork`) and continue with copies of its
+  environment (`Environment.fork`); each becomes a sample of the group,
+  and ``node_ids_PG`` [P, G, N] records the tree: equal ids mark the same
+  action shared by several samples. ``branch.probe_tokens`` (default 0)
+  says where the points are (see `BranchPoint`).
   """
   counts = [int(c) for c in counts]
   budget = width if budget is None else min(int(budget), width)
@@ -146,6 +198,7 @@ def run_episodes(
         )
       stop_strings = tuple(env.stop_strings) or stop_strings
       ep = _Episode(i, j, env, start, states=[start.state])
+      ep.probing = 0
       episodes.append(ep)
       tokens = tuple(renderer.prompt(start.prompt, start.tools))
       starts.setdefault(tokens, []).append(ep)
@@ -162,7 +215,9 @@ def run_episodes(
       for ep, seq in zip(group, seqs):
         ep.seq = seq
         by_uid[seq.uid] = ep
-  stats["episodes"] = len(episodes)
+  probe = int(getattr(branch, "probe_tokens", 0) or 0)
+  size = [counts[i] for i in range(p)]  # episodes per group so far
+  node_count = [0]
   tokenizer = renderer.tokenizer
   stop_ids = set(engine.stop_ids)
   pool = futures.ThreadPoolExecutor(max(1, workers)) if overlap else None
@@ -178,30 +233,96 @@ def run_episodes(
     except Exception as e:  # noqa: BLE001 - a close failure ends nothing
       _warn_once(type(ep.env).__name__ + ".close", e)
 
+  def surprise(seq, begin: int, n: Optional[int] = None) -> float:
+    logp = seq.full_logp[begin:]
+    logp = logp if n is None else logp[:n]
+    return float(-np.mean(logp)) if logp else 0.0
+
+  def action_of(ep: _Episode, seq) -> Action:
+    turn = seq.completion[ep.begin :]
+    stopped = bool(turn) and turn[-1] in stop_ids
+    return Action(
+      text=tokenizer.decode(turn[:-1] if stopped else turn, skip_special=False),
+      tokens=tuple(turn),
+      turn=len(ep.actions),
+      truncated=seq.stop_reason
+      not in (sampling.REASONS.index("stop_id"), _STOP_RULE),
+    )
+
+  def fork(ep: _Episode, n: int, tokens, max_new_tokens: int) -> None:
+    """Continue `ep` as n + 1 branches sharing its cache."""
+    parent = ep.seq
+    kids = engine.fork(
+      parent,
+      n + 1,
+      max_new_tokens=max_new_tokens,
+      tokens=tokens,
+      keep=True,
+    )
+    engine.release(parent)
+    for j, kid in enumerate(kids):
+      if not tokens:  # a probe's branches: the action began before it
+        kid.turn_start = parent.turn_start
+      if j == 0:
+        twin = ep
+      else:
+        twin = dataclasses.replace(
+          ep,
+          g=size[ep.p],
+          env=ep.env.fork(),
+          actions=list(ep.actions),
+          rewards=list(ep.rewards),
+          states=list(ep.states),
+          tool_calls=list(ep.tool_calls),
+          tool_errors=list(ep.tool_errors),
+          nodes=list(ep.nodes),
+        )
+        size[ep.p] += 1
+        episodes.append(twin)
+      twin.seq = kid
+      by_uid[kid.uid] = twin
+
   def on_stop(seqs) -> None:
     for seq in seqs:
       ep = by_uid.get(seq.uid)
       if ep is None or ep.done:
         continue
-      begin = seq.turn_start - seq.prompt_length
       end = len(seq.completion)
-      ep.actions.append((begin, end))
+      if ep.first_entropy is None:
+        ep.first_entropy = surprise(seq, ep.begin, probe or None)
+      if ep.probing and seq.stop_reason == sampling.REASONS.index("length"):
+        left, ep.probing = ep.probing, 0
+        n = branch(
+          BranchPoint(
+            group=ep.p,
+            turn=len(ep.actions),
+            action=action_of(ep, seq),
+            step=None,
+            entropy=surprise(seq, ep.begin),
+            first_entropy=ep.first_entropy,
+            tool_calls=0,
+            leaves=size[ep.p],
+            budget=g,
+          )
+        )
+        n = max(0, min(int(n), g - size[ep.p]))
+        if n:
+          fork(ep, n, (), left)
+        else:
+          engine.extend(seq, [], max_new_tokens=left)
+        continue
+      ep.probing = 0
+      action = action_of(ep, seq)
+      ep.actions.append((ep.begin, end))
+      node_count[0] += 1
+      ep.nodes.append(node_count[0])
       stats["turns"] += 1
-      stopped = bool(seq.turn) and seq.turn[-1] in stop_ids
       if end >= budget:  # the context budget is spent
         ep.rewards.append(0.0)
         ep.tool_calls.append(0)
         ep.tool_errors.append(0)
         finish(ep, truncated=True)
         continue
-      turn = seq.turn[:-1] if stopped else seq.turn
-      action = Action(
-        text=tokenizer.decode(turn, skip_special=False),
-        tokens=tuple(seq.turn),
-        turn=len(ep.actions) - 1,
-        truncated=seq.stop_reason
-        not in (sampling.REASONS.index("stop_id"), _STOP_RULE),
-      )
       if pool is None:
         ep.result = _safe_step(ep.env, action)
         clock["env"] += ep.result[1]
@@ -230,14 +351,44 @@ def run_episodes(
       finish(ep)
       return
     seq = ep.seq
-    stopped = bool(seq.turn) and seq.turn[-1] in stop_ids
+    last = seq.completion[ep.begin :]
+    stopped = bool(last) and last[-1] in stop_ids
     obs = renderer.observation(result.observation, stopped=stopped)
     room = budget - len(seq.completion) - len(obs)
     if room < 1 or len(seq.tokens) + len(obs) + 1 >= engine.max_length:
       finish(ep, truncated=True)
       return
     ep.states.append(result.state)
-    engine.extend(seq, obs, max_new_tokens=min(turn_tokens, room))
+    ep.begin = len(seq.completion) + len(obs)
+    turn = min(turn_tokens, room)
+    if branch is not None and probe and turn > probe:
+      ep.probing = turn - probe  # decide k tokens into the next action
+      engine.extend(seq, obs, max_new_tokens=probe)
+      return
+    n = 0
+    if branch is not None and not probe:
+      n = branch(
+        BranchPoint(
+          group=ep.p,
+          turn=len(ep.actions) - 1,
+          action=Action(
+            text=tokenizer.decode(last, skip_special=False),
+            tokens=tuple(last),
+            turn=len(ep.actions) - 1,
+          ),
+          step=result,
+          entropy=surprise(seq, ep.actions[-1][0]),
+          first_entropy=ep.first_entropy or 0.0,
+          tool_calls=int(result.tool_calls),
+          leaves=size[ep.p],
+          budget=g,
+        )
+      )
+      n = max(0, min(int(n), g - size[ep.p]))
+    if n:
+      fork(ep, n, obs, turn)
+    else:
+      engine.extend(seq, obs, max_new_tokens=turn)
 
   def poll(block: bool) -> bool:
     for ep in episodes:  # serial mode: results of the last segment
@@ -282,6 +433,7 @@ def run_episodes(
     engine.stop_rule = rule
     if pool is not None:
       pool.shutdown(wait=False, cancel_futures=True)
+  stats["episodes"] = len(episodes)
   stats["seconds"] = time.perf_counter() - t0
   stats["env_seconds"] = clock["env"]
   for ep in episodes:
@@ -330,6 +482,7 @@ def _collect(episodes, p, g, width, n, stats) -> Episodes:
   states = np.full((p, g, n), -1, np.int32)
   calls = np.zeros((p, g, n), np.int32)
   errors = np.zeros((p, g, n), np.int32)
+  nodes = np.full((p, g, n), -1, np.int32)
   ids: dict[str, int] = {}
   prompts = np.zeros((p, g), object)
   for ep in episodes:
@@ -347,6 +500,11 @@ def _collect(episodes, p, g, width, n, stats) -> Episodes:
     rewards[i, j, :k] = ep.rewards[:k]
     calls[i, j, :k] = ep.tool_calls[:k]
     errors[i, j, :k] = ep.tool_errors[:k]
+    nodes[i, j, :k] = ep.nodes[:k]
+  # Node ids in a canonical order (sample, then turn), whatever the timing.
+  seen: dict[int, int] = {}
+  for idx in zip(*np.nonzero(nodes >= 0)):
+    nodes[idx] = seen.setdefault(int(nodes[idx]), len(seen))
     for t, state in enumerate(ep.states[:k]):
       if state is not None:
         states[i, j, t] = ids.setdefault(str(state), len(ids))
@@ -368,5 +526,6 @@ def _collect(episodes, p, g, width, n, stats) -> Episodes:
     "tool_calls_PG": calls,
     "tool_errors_PG": errors,
     "episode_return_PG": rewards.sum(-1),
+    "node_ids_PG": nodes,
   }
   return Episodes(out.rollout(tokens, mask), extra, stats)

@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Optional
 
+import numpy as np
+
 from rljax import rollouts
 from rljax._src.errors import UserError
 from rljax.envs._base import Environment
@@ -33,6 +35,10 @@ class EpisodeRollouts(rollouts.GroupStrategy):
     workers: threads for environment steps.
     step_timeout: seconds an environment step may take before its episode
       ends (None: no limit; tools have their own limits).
+    branch: a branching rule for trees of episodes (see
+      `rljax.envs.run_episodes`); None: G independent episodes.
+    initial: with `branch`, the episodes each group starts with (the rest
+      of its G come from branching); None: all G.
   """
 
   def __init__(
@@ -44,8 +50,11 @@ class EpisodeRollouts(rollouts.GroupStrategy):
     overlap: bool = True,
     workers: int = 8,
     step_timeout: Optional[float] = None,
+    branch: Optional[Callable] = None,
+    initial: Optional[int] = None,
   ):
     for name, value in (
+      ("initial", initial),
       ("max_turns", max_turns),
       ("turn_tokens", turn_tokens),
       ("step_timeout", step_timeout),
@@ -60,6 +69,8 @@ class EpisodeRollouts(rollouts.GroupStrategy):
     self.overlap = bool(overlap)
     self.workers = int(workers)
     self.step_timeout = step_timeout
+    self.branch = branch
+    self.initial = initial
     self.renderer: Optional[Renderer] = None
     self.last_stats: dict = {}
 
@@ -78,6 +89,8 @@ class EpisodeRollouts(rollouts.GroupStrategy):
       overlap=self.overlap,
       workers=self.workers,
       step_timeout=self.step_timeout,
+      branch=self.branch,
+      initial=self.initial,
     )
     bound.renderer = self.renderer
     return bound
@@ -113,8 +126,9 @@ class EpisodeRollouts(rollouts.GroupStrategy):
       self.renderer,
       self.environment,
       [group.example for group in groups],
-      counts,
+      counts if self.initial is None else np.minimum(counts, self.initial),
       key=key,
+      group_size=int(np.max(counts, initial=1)),
       width=width,
       budget=max_new_tokens,
       turn_tokens=self.turn_tokens or max_new_tokens,
@@ -123,6 +137,7 @@ class EpisodeRollouts(rollouts.GroupStrategy):
       overlap=self.overlap,
       workers=self.workers,
       step_timeout=self.step_timeout,
+      branch=self.branch,
     )
     self.last_stats = episodes.stats
     return rollouts.Drawn(episodes.rollout, episodes.extra)

@@ -524,32 +524,36 @@ class Engine:
     temps = np.ones(1) if self.settings.greedy else temps
     return self._children(parent, num_samples, max_new_tokens, temps, keep)
 
-  def _children(self, parent, n, max_new_tokens, temperature, keep) -> list:
-    """`n` queued forks of `parent`; fork j draws with fold_in(key, j) at
-    temperature j (or the one temperature given)."""
+  def _children(
+    self, parent, n, max_new_tokens, temperature, keep, tokens=()
+  ) -> list:
+    """`n` queued forks of `parent` (each starting with the appended
+    `tokens`); fork j draws with fold_in(key, j) at temperature j (or the
+    one temperature given)."""
     keys = np.asarray(_fold_keys(parent.key, parent.forks, n), np.uint32)
     temps = np.broadcast_to(np.asarray(temperature, np.float64), (n,))
     parent.forks += n
     return [
-      self._child(parent, key, max_new_tokens, float(t), keep)
+      self._child(parent, key, max_new_tokens, float(t), keep, tokens)
       for key, t in zip(keys, temps)
     ]
 
-  def _child(self, parent, key, max_new_tokens, temperature, keep):
+  def _child(self, parent, key, max_new_tokens, temperature, keep, tokens=()):
+    tokens = [int(t) for t in tokens]
     child = self._new(
       prompt_length=parent.prompt_length,
-      tokens=list(parent.tokens),
-      sampled=list(parent.sampled),
-      logp=list(parent.logp),
-      full_logp=list(parent.full_logp),
-      temperature=list(parent.temperature),
+      tokens=list(parent.tokens) + tokens,
+      sampled=list(parent.sampled) + [0] * len(tokens),
+      logp=list(parent.logp) + [0.0] * len(tokens),
+      full_logp=list(parent.full_logp) + [0.0] * len(tokens),
+      temperature=list(parent.temperature) + [0.0] * len(tokens),
       key=key,
       shard=parent.shard,
       base_temperature=temperature,
       limit=parent.steps + int(max_new_tokens),
       keep=keep,
       parent=parent,
-      turn_start=len(parent.tokens),
+      turn_start=len(parent.tokens) + len(tokens),
     )
     parent.pending_children += 1
     self._waiting.append(child)
@@ -563,14 +567,22 @@ class Engine:
     max_new_tokens: int,
     temperature: Optional[float] = None,
     keep: bool = False,
+    tokens: abc.Sequence[int] = (),
   ) -> list[Sequence]:
     """Queue `n` continuations of a stopped, kept sequence sharing its
     cache; its j-th child (counting earlier forks) draws with
-    ``fold_in(seq's key, j)``."""
+    ``fold_in(seq's key, j)``. Each child first appends `tokens` (not
+    sampled, as `extend` does: a tool's output before the branches)."""
     self._check_stopped(seq, "fork")
     checks.positive(n=n, max_new_tokens=max_new_tokens)
+    if len(seq.tokens) + len(tokens) >= self.max_length:
+      raise ValueError(
+        f"forking a sequence of {len(seq.tokens)} tokens with"
+        f" {len(tokens)} appended leaves no room within max_length"
+        f" ({self.max_length})."
+      )
     temp = seq.base_temperature if temperature is None else float(temperature)
-    return self._children(seq, n, max_new_tokens, temp, keep)
+    return self._children(seq, n, max_new_tokens, temp, keep, tokens)
 
   def extend(
     self,

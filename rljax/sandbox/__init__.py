@@ -27,12 +27,15 @@ logged once as a warning):
                  root); where the kernel refuses it, no network isolation.
   unprivileged_uid  as root, the worker switches to uid/gid 65534.
   no_new_privs   `prctl(PR_SET_NO_NEW_PRIVS)`: no set-uid gains.
+  no_exec        a seccomp filter in each call's process: no execve, no
+                 fork (threads allowed); x86_64 and aarch64.
   audit_hook     `sys.addaudithook` after the worker's imports: refuses
                  process creation (os.system, subprocess, os.exec*,
                  os.posix_spawn, os.fork), signals to other processes,
                  sockets, ctypes, new interpreters, changing rlimits, and
                  writing, creating, renaming or removing files outside the
-                 scratch directory.
+                 scratch directory, opening another process's /proc/<pid>
+                 entries, and os.open of directories.
   fresh_process  each call runs in a new fork of the worker, so a call that
                  monkeypatches a scorer cannot change the next call's score.
 
@@ -42,11 +45,11 @@ sandbox: the audit hook and rlimits live inside the same interpreter as the
 untrusted input, and code that gains arbitrary execution there can forge
 its own call's result, read any file the worker's uid can read, use open
 file descriptors, and call native code already loaded (e.g. the private
-`_posixsubprocess.fork_exec`, which raises no audit event; RLIMIT_NPROC and
-the uid drop are what stop it). What the parent guarantees regardless: it
-unpickles only plain data from the worker (no class or function is looked
-up), bounds the size of every reply, and kills the worker's whole process
-group at a deadline. Unix-domain sockets on the filesystem are not covered
+`_posixsubprocess.fork_exec`, which raises no audit event; the no_exec
+seccomp filter, RLIMIT_NPROC and the uid drop stop it). What the parent
+guarantees regardless: it unpickles only plain data from the worker (no
+class or function is looked up), bounds the size of every reply, and kills
+the worker's whole process group at a deadline. Unix-domain sockets on the filesystem are not covered
 by the network namespace. For adversarial code (an agent's Python tool),
 combine this with a container or gVisor-style sandbox.
 """

@@ -190,7 +190,9 @@ class Sandbox:
     Layers: "process" (a separate process), "scratch_dir", "minimal_env",
     "rlimits", "audit_hook", "fresh_process" (one fork per call),
     "network" (a new network namespace), "unprivileged_uid" (not root),
-    "process_limit" (RLIMIT_NPROC 0: no fork, no threads), "no_new_privs".
+    "process_limit" (RLIMIT_NPROC 0: no fork, no threads), "no_new_privs",
+    "no_exec" (a seccomp filter in each call's process: no execve and no
+    fork, threads allowed; x86_64 and aarch64).
     An unavailable one is logged once per process as a warning.
     """
     with self._lock:

@@ -18,6 +18,7 @@ import importlib
 import os
 import pathlib
 import pickle
+import re
 import resource
 import select
 import signal
@@ -90,6 +91,26 @@ _WRITES = {
   "sqlite3.connect": ((0,), ()),
 }
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+# /proc entries of a process: another process's are refused (its environment,
+# memory and command line are the host's, readable as root).
+_PROC_ENTRY = re.compile(r"/proc/([0-9]+)(?:/|$)")
+_PATH_TYPES = (str, bytes, pathlib.PurePosixPath, pathlib.PosixPath)
+
+# The no_exec layer: a seccomp filter in each call's process refusing execve
+# and fork-like clone (new threads, clone with CLONE_THREAD, stay allowed).
+# `_posixsubprocess.fork_exec` (multiprocessing's spawn) raises no audit
+# event, and as root neither RLIMIT_NPROC nor the uid drop applies.
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_CLONE_THREAD = 0x00010000
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+# Syscall numbers: execve, execveat, fork, vfork (refused), clone3 (refused
+# as ENOSYS: its flags are in memory a filter cannot read, and glibc then
+# falls back to clone), clone (refused unless CLONE_THREAD).
+_SYSCALLS = {
+  "x86_64": ((59, 322, 57, 58), 435, 56),
+  "aarch64": ((221, 281), 435, 220),
+}
 
 
 class ParentGone(Exception):
@@ -190,7 +211,9 @@ def main(argv: list[str]) -> int:
     _prepare(settings)
     layers.update(_drop_privileges(settings))
     layers.update(_set_limits(settings))
-    if not settings["fresh_process"]:
+    if settings["fresh_process"]:
+      layers["no_exec"] = settings["no_exec"] = _probe_no_exec()
+    else:
       _pdeathsig()
       layers.update(_enter_call(settings, persistent=True))
   except BaseException as e:
@@ -312,13 +335,88 @@ def _enter_call(settings, persistent: bool) -> dict[str, str]:
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     new_hard = cpu + 1 if hard == resource.RLIM_INFINITY else min(cpu + 1, hard)
     resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, new_hard), new_hard))
+  layers["no_exec"] = _install_no_exec()
+  if layers["no_exec"] and settings.get("no_exec") == "":
+    raise OSError(f"the seccomp filter failed here: {layers['no_exec']}")
   install_hook(settings["scratch"], allow_cpu_limit=persistent)
   layers["audit_hook"] = ""
   return layers
 
 
+def _no_exec_filter(machine: str) -> bytes | None:
+  """The no_exec seccomp BPF program for `machine`; None if not known."""
+  if machine not in _SYSCALLS:
+    return None
+  refused, clone3, clone = _SYSCALLS[machine]
+  ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+  allow, deny, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+  # (code, jump if true, jump if false, k); jumps name a label or "next".
+  body = [
+    (ld, None, None, 4),  # seccomp_data.arch
+    (jeq, "next", "enosys", _AUDIT_ARCH[machine]),
+    (ld, None, None, 0),  # seccomp_data.nr
+    (jge, "enosys", "next", 0x40000000),  # x32 syscalls on x86_64
+    *[(jeq, "deny", "next", nr) for nr in refused],
+    (jeq, "enosys", "next", clone3),
+    (jeq, "next", "allow", clone),
+    (ld, None, None, 16),  # the low 32 bits of clone's flags
+    (jset, "allow", "deny", _CLONE_THREAD),
+  ]
+  labels = {"allow": len(body), "deny": len(body) + 1, "enosys": len(body) + 2}
+  program = []
+  for i, (code, true, false, k) in enumerate(body):
+    jt, jf = (
+      0 if t in (None, "next") else labels[t] - i - 1 for t in (true, false)
+    )
+    program.append(struct.pack("=HBBI", code, jt, jf, k))
+  program += [struct.pack("=HBBI", ret, 0, 0, k) for k in (allow, deny, enosys)]
+  return b"".join(program)
+
+
+def _install_no_exec() -> str:
+  """Install the no_exec filter in this process; "" or why not."""
+  machine = os.uname().machine
+  program = _no_exec_filter(machine)
+  if program is None:
+    return f"no seccomp filter for {machine}"
+
+  class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+  code = ctypes.create_string_buffer(program, len(program))
+  fprog = Program(len(program) // 8, ctypes.addressof(code))
+  try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    status = libc.prctl(
+      _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0
+    )
+  except (OSError, AttributeError) as e:
+    return f"prctl unavailable: {e}"
+  return "" if status == 0 else f"seccomp: {os.strerror(ctypes.get_errno())}"
+
+
+def _probe_no_exec() -> str:
+  """Whether a call's process can install the no_exec filter; "" or why not."""
+  read_end, write_end = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.write(write_end, _install_no_exec().encode()[:_MAX_TEXT] or b"-")
+    finally:
+      os._exit(0)
+  os.close(write_end)
+  why = os.read(read_end, _MAX_TEXT + 1).decode("utf-8", "replace")
+  os.close(read_end)
+  os.waitpid(pid, 0)
+  return "" if why == "-" else why or "the probe failed"
+
+
 def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
   """The audit hook that refuses processes, sockets, ctypes, outside writes.
+
+  It also refuses opening another process's /proc/<pid> entries (as root
+  they hold the host's environment) and os.open of directories (a
+  directory fd would let dir_fd= paths escape the path checks).
 
   Args:
     scratch: the only directory under which files may be written, created,
@@ -348,6 +446,10 @@ def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
       return False
     if event == "open":
       path, mode, flags = args
+      if _another_process(path):
+        return False
+      if mode is None and _opens_directory(path, flags):
+        return False
       writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
         isinstance(flags, int) and flags & _WRITE_FLAGS
       )
@@ -356,7 +458,8 @@ def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
     if spec is None:
       return True
     paths, dir_fds = spec
-    if any(i < len(args) and args[i] is not None for i in dir_fds):
+    # A dir_fd resolves relative paths elsewhere; -1 is the default (none).
+    if any(i < len(args) and args[i] not in (None, -1) for i in dir_fds):
       return False
     allow_fd = event == "os.truncate"
     return all(inside(args[i], allow_fd) for i in paths if i < len(args))
@@ -366,6 +469,30 @@ def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
       raise PermissionError(f"the rljax sandbox refuses {event}")
 
   sys.addaudithook(hook)
+
+
+def _another_process(path) -> bool:
+  """Whether an opened path is a /proc/<pid> entry of another process."""
+  if isinstance(path, int):
+    return False
+  if type(path) not in _PATH_TYPES and not isinstance(path, (str, bytes)):
+    return True  # a custom __fspath__ could answer differently twice
+  real = os.path.realpath(os.fsdecode(os.fspath(path)))
+  found = _PROC_ENTRY.match(real)
+  return found is not None and int(found.group(1)) != os.getpid()
+
+
+def _opens_directory(path, flags) -> bool:
+  """Whether os.open (its audit event) opens a directory.
+
+  A directory's fd would let relative paths under dir_fd= escape the hook's
+  checks (the "open" event does not carry dir_fd), so none is handed out.
+  """
+  if isinstance(flags, int) and flags & os.O_DIRECTORY:
+    return True
+  if type(path) not in _PATH_TYPES and not isinstance(path, (str, bytes)):
+    return True  # a custom __fspath__ could answer differently twice
+  return os.path.isdir(path)
 
 
 def _serve(read_fd: int, write_fd: int, settings) -> None:

@@ -267,3 +267,100 @@ def test_bad_environments_get_clear_errors(model, tokenizer):
     _run(model, tokenizer, env=NoStart)
   with pytest.raises(ValueError, match="max_turns"):
     _run(model, tokenizer, max_turns=0)
+
+
+class ForkFirst:
+  """Forks one extra branch of group 0's episodes after their first
+  observation (an observation point)."""
+
+  probe_tokens = 0
+
+  def __init__(self):
+    self.points = []
+
+  def __call__(self, point):
+    self.points.append(point)
+    return 1 if point.group == 0 and point.turn == 0 else 0
+
+
+def test_branches_share_the_trunk_and_continue_independently(model, tokenizer):
+  rule = ForkFirst()
+  out = envs.run_episodes(
+    _engine(model),
+    model,
+    envs.Renderer(tokenizer, chat=False),
+    Counter,
+    [{"question": "a1="}, {"question": "a23="}],
+    [1, 1],
+    key=jax.random.key(3),
+    width=24,
+    turn_tokens=4,
+    max_turns=3,
+    group_size=3,
+    branch=rule,
+  )
+  r, x = out.rollout, out.extra
+  # Group 0: one episode forked after turn 0 -> 2 samples (the budget of 3
+  # caps further forks of the branches' own turn-0 points: none happen);
+  # group 1 never forks.
+  np.testing.assert_array_equal(r.sample_mask_PG, [[1, 1, 0], [1, 0, 0]])
+  nodes = x["node_ids_PG"]
+  assert nodes[0, 0, 0] == nodes[0, 1, 0]  # the shared first action
+  assert nodes[0, 0, 1] != nodes[0, 1, 1]
+  first = x["turn_ids_PGT"][0, 0] <= 0
+  n = int(first.sum())
+  np.testing.assert_array_equal(r.tokens_PGT[0, 0, :n], r.tokens_PGT[0, 1, :n])
+  assert x["turns_PG"][0, 1] == 3
+  # Each branch's later tokens are the model's: teacher forcing agrees.
+  for j in range(2):
+    prompt = r.prompt_tokens_PGS[0, j][r.prompt_mask_PGS[0, j] > 0]
+    m = int(r.mask_PGT[0, j].sum())
+    whole = np.concatenate([prompt, r.tokens_PGT[0, j, :m]])
+    logp, _ = models.token_logprobs(
+      model, jnp.asarray(whole)[None], schedule="dense"
+    )
+    sampled = x["loss_mask_PGT"][0, j, :m] > 0
+    np.testing.assert_allclose(
+      r.full_logp_PGT[0, j, :m][sampled],
+      np.asarray(logp[0, len(prompt) :])[sampled],
+      atol=2e-5,
+    )
+  assert rule.points[0].step is not None and rule.points[0].budget == 3
+
+
+class ProbeFork:
+  probe_tokens = 2
+
+  def __call__(self, point):
+    assert point.step is None and len(point.action.tokens) == 2
+    return 1 if point.leaves < 2 else 0
+
+
+def test_probe_points_fork_inside_the_next_action(model, tokenizer):
+  out = envs.run_episodes(
+    _engine(model),
+    model,
+    envs.Renderer(tokenizer, chat=False),
+    Counter,
+    [{"question": "a1="}],
+    [1],
+    key=jax.random.key(5),
+    width=24,
+    turn_tokens=4,
+    max_turns=3,
+    group_size=2,
+    branch=ProbeFork(),
+  )
+  r, x = out.rollout, out.extra
+  assert r.sample_mask_PG.sum() == 2
+  # The branches share the first action, the observation and the probe's
+  # 2 tokens of the second action, which is one action of each branch.
+  ids = x["turn_ids_PGT"]
+  start = int(np.argmax(ids[0, 0] == 1))  # action 1's first token
+  shared = start + 2
+  np.testing.assert_array_equal(
+    r.tokens_PGT[0, 0, :shared], r.tokens_PGT[0, 1, :shared]
+  )
+  assert np.all(x["loss_mask_PGT"][0, :, start:shared] == 1)
+  assert tokenizer.decode(r.tokens_PGT[0, 0, start - 3 : start]) == "b0="
+  assert x["node_ids_PG"][0, 0, 1] != x["node_ids_PG"][0, 1, 1]

@@ -265,6 +265,31 @@ def test_fork_children_share_the_prefix_and_match_teacher_forcing(model):
   assert kids[0].tokens == kids[1].tokens == kids[2].tokens
 
 
+def test_fork_with_appended_tokens_branches_after_a_tool_output(model):
+  # Children that first append a tool's output: the output is prefilled,
+  # not sampled, and the branches match teacher forcing on the whole text.
+  engine = _engine(model, slots=4, page_size=4, num_pages=20)
+  [seq] = engine.add(
+    [5, 6, 7], key=jax.random.key(2), max_new_tokens=3, keep=True
+  )
+  engine.run(model)
+  prefix = list(seq.tokens)
+  kids = engine.fork(seq, 2, max_new_tokens=4, tokens=[9, 10, 11])
+  engine.release(seq)
+  engine.run(model)
+  for kid in kids:
+    assert kid.tokens[: len(prefix) + 3] == prefix + [9, 10, 11]
+    assert kid.sampled == [1] * 3 + [0] * 3 + [1] * 4
+    assert kid.turn == kid.tokens[len(prefix) + 3 :]
+    tf = _teacher_forced(model, kid.tokens)[len(prefix) + 2 :]
+    np.testing.assert_allclose(kid.full_logp[6:], tf, atol=1e-4)
+  assert engine.pages_in_use() == 0
+  with pytest.raises(ValueError, match="leaves no room"):
+    [s] = engine.add([5], key=jax.random.key(0), max_new_tokens=1, keep=True)
+    engine.run(model)
+    engine.fork(s, 1, max_new_tokens=1, tokens=list(range(50)))
+
+
 def test_prompt_pages_are_shared_by_its_samples(model):
   # 9 tokens = 2 full pages of 4 + 1: eight samples hold 2 shared pages and
   # one copied page each, and the parent's pages are freed after forking.
