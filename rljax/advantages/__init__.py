@@ -7,7 +7,9 @@ one prompt is the last axis) to one advantage per sample; an optional
 than 2 valid samples get advantage 0. Token estimators (`reinforce_pp`,
 `reinforce_pp_baseline`, `gae`) work on [..., T] arrays with a token mask;
 `outcome_to_token_rewards`, `discounted_returns` and `whiten` are their
-building blocks.
+building blocks. Turn estimators (`turn_grpo`, `gigpo`, `hgpo`, `salt`,
+`seeupo`, `action_gae`) credit the turns of multi-turn agent episodes
+([P, G, N] per-turn arrays; `turns_to_tokens` puts them on the tokens).
 """
 
 from rljax.advantages._entropy import ARES_TABLE
@@ -46,6 +48,19 @@ from rljax.advantages._tokens import gtpo_token_weights
 from rljax.advantages._tokens import hicra_amplify
 from rljax.advantages._tokens import strategic_gram_mask
 from rljax.advantages._tokens import tokens_after_trigger
+from rljax.advantages._turns import action_gae
+from rljax.advantages._turns import action_hashes
+from rljax.advantages._turns import anchor_advantages
+from rljax.advantages._turns import gigpo
+from rljax.advantages._turns import hgpo
+from rljax.advantages._turns import per_turn_sum
+from rljax.advantages._turns import salt
+from rljax.advantages._turns import seeupo
+from rljax.advantages._turns import turn_grpo
+from rljax.advantages._turns import turn_returns
+from rljax.advantages._turns import turn_rewards_to_tokens
+from rljax.advantages._turns import turn_valid
+from rljax.advantages._turns import turns_to_tokens
 from rljax.advantages._variants import adora
 from rljax.advantages._variants import adora_length_classes
 from rljax.advantages._variants import answer_entropy
@@ -69,9 +84,12 @@ from rljax.advantages._variants import top_groups
 __all__ = [
   "ARES_TABLE",
   "AresRewardTable",
+  "action_gae",
+  "action_hashes",
   "adora",
   "adora_length_classes",
   "adv_entropy_token_mask",
+  "anchor_advantages",
   "answer_confidence",
   "answer_entropy",
   "ares_bucket_targets",
@@ -89,6 +107,7 @@ __all__ = [
   "egae",
   "gae",
   "gdpo",
+  "gigpo",
   "gpg",
   "grpo",
   "grpo_lambda_mask",
@@ -97,6 +116,7 @@ __all__ = [
   "gtpo_token_weights",
   "hdpo",
   "hdpo_channels",
+  "hgpo",
   "hicra_amplify",
   "hwe_threshold",
   "hwe_trigger_count",
@@ -106,6 +126,7 @@ __all__ = [
   "opo",
   "outcome_to_token_rewards",
   "pass_at_k",
+  "per_turn_sum",
   "pf_ppo_indices",
   "pf_ppo_weights",
   "polychromic",
@@ -115,11 +136,18 @@ __all__ = [
   "reinforce_pp_baseline",
   "remax",
   "rloo",
+  "salt",
   "seed_grpo",
+  "seeupo",
   "soft_advantage",
   "strategic_gram_mask",
   "tokens_after_trigger",
   "top_groups",
+  "turn_grpo",
+  "turn_returns",
+  "turn_rewards_to_tokens",
+  "turn_valid",
+  "turns_to_tokens",
   "whiten",
   "window_entropy",
 ]

@@ -2,6 +2,15 @@
 aggregation. `get(name, **kwargs)` looks one up by name; `docs/papers.md`
 lists each seed paper's preset or composition."""
 
+from rljax.algorithms._agents import episode_grpo
+from rljax.algorithms._agents import episode_rloo
+from rljax.algorithms._agents import gigpo
+from rljax.algorithms._agents import hgpo
+from rljax.algorithms._agents import loop
+from rljax.algorithms._agents import poad
+from rljax.algorithms._agents import salt
+from rljax.algorithms._agents import seeupo
+from rljax.algorithms._agents import turn_grpo
 from rljax.algorithms._anytime import brpo
 from rljax.algorithms._bounds import bapo
 from rljax.algorithms._bounds import dcpo
@@ -81,7 +90,10 @@ __all__ = [
   "disco",
   "dr_grpo",
   "empo",
+  "episode_grpo",
+  "episode_rloo",
   "get",
+  "gigpo",
   "gmpo",
   "gpg",
   "grpo",
@@ -91,12 +103,15 @@ __all__ = [
   "hapo",
   "hbpo",
   "hdpo",
+  "hgpo",
   "icpo",
   "kepo",
   "kimi_opmd",
   "l_grpo",
+  "loop",
   "mdpo",
   "pf_ppo",
+  "poad",
   "polychromic",
   "ppo",
   "progrpo",
@@ -110,8 +125,10 @@ __all__ = [
   "riskpo",
   "rloo",
   "rto",
+  "salt",
   "sapo",
   "seed_grpo",
+  "seeupo",
   "spo",
   "spo_segment",
   "spo_tree",
@@ -119,5 +136,6 @@ __all__ = [
   "tlts",
   "tppo",
   "treepo",
+  "turn_grpo",
   "vcpo",
 ]

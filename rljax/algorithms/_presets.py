@@ -16,6 +16,7 @@ from rljax import transforms
 from rljax._src.base import Algorithm
 from rljax._src.base import Transform
 from rljax._src.base import chain
+from rljax.algorithms import _agents
 from rljax.algorithms import _anytime
 from rljax.algorithms import _bounds
 from rljax.algorithms import _budgets
@@ -251,6 +252,7 @@ PRESETS = {
 
 # The literature's presets, one module per family, join the registry.
 _FAMILIES = (
+  _agents,
   _anytime,
   _bounds,
   _budgets,

@@ -13,7 +13,13 @@ its environment step runs in a thread while other episodes decode, and the
 observation's tokens are appended to the cached sequence (`Engine.extend`),
 so no prompt is re-encoded and each episode samples exactly what decoding
 its turns one by one would. `EpisodeRollouts` is the group strategy the
-trainer uses for a task with an environment.
+trainer uses for a task with an environment; `BranchingEpisodes` grows
+each group as a tree of episodes with a branching rule (`ARPOBranching`,
+`AEPOBranching`, `PORToolBranching`; strategies "arpo", "aepo",
+"portool").
+
+Built-in text games (offline, for turn-level credit): `GridWorld` and
+`Sokoban` (`rljax.tasks.grid_world`, `rljax.tasks.sokoban`).
 
 The agent data layout (what the batch carries, `Batch.extra`; N = max
 turns):
@@ -28,6 +34,10 @@ turns):
   tool_calls_PG      [P, G, N] tool calls per action; tool_errors_PG: the
                      failed ones
   episode_return_PG  the sum of the turn rewards
+  node_ids_PG        [P, G, N] each action's node in the group's tree
+                     (equal ids: an action shared by branched samples)
+  fork_ids_PG        [P, G, N] with `BranchingEpisodes`: the fork of each
+                     action (`sibling_groups`)
 Reward functions see the ``_PG`` arrays in ``Samples.extra``
 (`rljax.rewards.episode_return` reads the return).
 """
@@ -37,22 +47,59 @@ from rljax.envs._base import Content
 from rljax.envs._base import Environment
 from rljax.envs._base import Start
 from rljax.envs._base import Step
+from rljax.envs._branching import TREE_STRATEGIES
+from rljax.envs._branching import AEPOBranching
+from rljax.envs._branching import AEPOEpisodes
+from rljax.envs._branching import ARPOBranching
+from rljax.envs._branching import BranchingEpisodes
+from rljax.envs._branching import PORToolBranching
+from rljax.envs._branching import aepo_episodes
+from rljax.envs._branching import aepo_initial_rollouts
+from rljax.envs._branching import aepo_window_entropies
+from rljax.envs._branching import arpo_episodes
+from rljax.envs._branching import portool_episodes
+from rljax.envs._branching import sibling_groups
+from rljax.envs._episodes import BranchPoint
 from rljax.envs._episodes import Episodes
 from rljax.envs._episodes import run_episodes
+from rljax.envs._games import GridWorld
+from rljax.envs._games import Sokoban
+from rljax.envs._games import parse_move
+from rljax.envs._games import solve_grid_world
+from rljax.envs._games import solve_sokoban
 from rljax.envs._render import Renderer
 from rljax.envs._strategy import EpisodeRollouts
+from rljax.envs._tools import ToolEnvironment
 
-STRATEGIES = {"episodes": EpisodeRollouts}
+STRATEGIES = {"episodes": EpisodeRollouts, **TREE_STRATEGIES}
 
 __all__ = [
   "STRATEGIES",
+  "AEPOBranching",
+  "AEPOEpisodes",
+  "ARPOBranching",
   "Action",
+  "BranchPoint",
+  "BranchingEpisodes",
   "Content",
   "Environment",
   "EpisodeRollouts",
   "Episodes",
+  "GridWorld",
+  "PORToolBranching",
   "Renderer",
+  "Sokoban",
   "Start",
   "Step",
+  "ToolEnvironment",
+  "aepo_episodes",
+  "aepo_initial_rollouts",
+  "aepo_window_entropies",
+  "arpo_episodes",
+  "parse_move",
+  "portool_episodes",
   "run_episodes",
+  "sibling_groups",
+  "solve_grid_world",
+  "solve_sokoban",
 ]

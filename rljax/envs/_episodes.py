@@ -40,6 +40,7 @@ class _Episode:
   begin: int = 0  # completion index of the current action's first token
   nodes: list = dataclasses.field(default_factory=list)  # tree node ids
   probing: int = 0  # tokens of the current action left after its probe
+  last_step: Optional[Step] = None  # the observation before a probe
   first_entropy: Optional[float] = None
   done: bool = False
   truncated: bool = False
@@ -84,13 +85,15 @@ class BranchPoint(NamedTuple):
       of the action being probed.
     action: that action.
     step: the environment's answer to the action just answered (the
-      observation's `Step`); None at probe points.
+      observation's `Step`; at probe points, the one before the probed
+      action).
     entropy: the mean surprise (-log p under the full distribution) of the
       probed tokens, or of the answered action at observation points: an
       unbiased estimate of the policy's mean token entropy there.
     first_entropy: the same over the first tokens (at most k) of the
       episode's first action (ARPO's initial entropy).
-    tool_calls: tool calls of the answered action (observation points).
+    tool_calls: tool calls of the answered action (at probe points, of
+      the action before the probed one).
     leaves: the episodes the group has now.
     budget: the most episodes the group may have (G).
   """
@@ -221,7 +224,10 @@ def run_episodes(
   tokenizer = renderer.tokenizer
   stop_ids = set(engine.stop_ids)
   pool = futures.ThreadPoolExecutor(max(1, workers)) if overlap else None
-  together = jax.process_count() > 1
+  # Several processes, or trees (a group's budget goes to the forks that
+  # ask first): every step started in a segment is applied before the next
+  # one, so the schedule does not depend on timing.
+  together = jax.process_count() > 1 or branch is not None
   clock = {"env": 0.0}
 
   def finish(ep: _Episode, *, truncated: bool = False) -> None:
@@ -297,10 +303,10 @@ def run_episodes(
             group=ep.p,
             turn=len(ep.actions),
             action=action_of(ep, seq),
-            step=None,
+            step=ep.last_step,
             entropy=surprise(seq, ep.begin),
             first_entropy=ep.first_entropy,
-            tool_calls=0,
+            tool_calls=int(ep.last_step.tool_calls) if ep.last_step else 0,
             leaves=size[ep.p],
             budget=g,
           )
@@ -353,7 +359,14 @@ def run_episodes(
     seq = ep.seq
     last = seq.completion[ep.begin :]
     stopped = bool(last) and last[-1] in stop_ids
-    obs = renderer.observation(result.observation, stopped=stopped)
+    try:
+      obs = renderer.observation(result.observation, stopped=stopped)
+    except ValueError as e:  # e.g. characters a tokenizer cannot encode
+      _warn_once(type(ep.env).__name__ + " observation", e)
+      ep.error = f"ValueError: {e}"
+      stats["env_errors"] += 1
+      finish(ep)
+      return
     room = budget - len(seq.completion) - len(obs)
     if room < 1 or len(seq.tokens) + len(obs) + 1 >= engine.max_length:
       finish(ep, truncated=True)
@@ -363,6 +376,7 @@ def run_episodes(
     turn = min(turn_tokens, room)
     if branch is not None and probe and turn > probe:
       ep.probing = turn - probe  # decide k tokens into the next action
+      ep.last_step = result
       engine.extend(seq, obs, max_new_tokens=probe)
       return
     n = 0
@@ -501,13 +515,14 @@ def _collect(episodes, p, g, width, n, stats) -> Episodes:
     calls[i, j, :k] = ep.tool_calls[:k]
     errors[i, j, :k] = ep.tool_errors[:k]
     nodes[i, j, :k] = ep.nodes[:k]
-  # Node ids in a canonical order (sample, then turn), whatever the timing.
+  # Ids in a canonical order (sample, then turn), whatever the timing.
+  for ep in sorted(episodes, key=lambda e: (e.p, e.g)):
+    for t, state in enumerate(ep.states[: len(ep.actions)]):
+      if state is not None:
+        states[ep.p, ep.g, t] = ids.setdefault(str(state), len(ids))
   seen: dict[int, int] = {}
   for idx in zip(*np.nonzero(nodes >= 0)):
     nodes[idx] = seen.setdefault(int(nodes[idx]), len(seen))
-    for t, state in enumerate(ep.states[:k]):
-      if state is not None:
-        states[i, j, t] = ids.setdefault(str(state), len(ids))
   s = max((len(x) for x in prompts.reshape(-1) if x), default=1)
   tokens = np.zeros((p, g, s), np.int32)
   mask = np.zeros((p, g, s), np.int32)

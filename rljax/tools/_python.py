@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import io
 import linecache
 import os
+import queue
 import sys
 import traceback
 from typing import Any
@@ -76,6 +77,8 @@ class PythonExecutor:
     show_last: print the value of a final expression statement.
     sandbox: a `Sandbox` to use instead of a new one (this module must be
       importable in its worker); it is not closed by `close`.
+    workers: sandboxes run calls at once (a sandbox runs one call at a
+      time): several agent episodes' steps then run concurrently.
 
   Raises:
     ValueError: a limit is not positive, setup is not a string, or modules
@@ -92,6 +95,7 @@ class PythonExecutor:
     modules: Sequence[str] | None = None,
     show_last: bool = True,
     sandbox: sandbox_lib.Sandbox | None = None,
+    workers: int = 1,
   ):
     if isinstance(timeout, bool) or not (
       isinstance(timeout, (int, float)) and 0 < timeout < float("inf")
@@ -115,12 +119,30 @@ class PythonExecutor:
         f"PythonExecutor modules must be a sequence of names; got {modules!r}"
         f" (write modules=({modules!r},))."
       )
-    self._owned = sandbox is None
-    if sandbox is None:
-      sandbox = sandbox_lib.Sandbox(
-        timeout=timeout, memory_bytes=memory_bytes, preload=(__name__,)
+    if isinstance(workers, bool) or not (
+      isinstance(workers, int) and workers > 0
+    ):
+      raise ValueError(
+        f"PythonExecutor workers must be a positive int; got {workers!r}."
       )
-    self.sandbox = sandbox
+    if sandbox is not None and workers != 1:
+      raise ValueError("give either sandbox= or workers > 1, not both.")
+    self._owned = sandbox is None
+    boxes = (
+      [sandbox]
+      if sandbox is not None
+      else [
+        sandbox_lib.Sandbox(
+          timeout=timeout, memory_bytes=memory_bytes, preload=(__name__,)
+        )
+        for _ in range(workers)
+      ]
+    )
+    self.sandbox = boxes[0]
+    self._free: queue.SimpleQueue = queue.SimpleQueue()
+    self._boxes = boxes
+    for box in boxes:
+      self._free.put(box)
     self.timeout = timeout
     self.memory_bytes = memory_bytes
     self.max_output_chars = max_output_chars
@@ -132,21 +154,26 @@ class PythonExecutor:
     """Run `code`; its output, or `ToolError` naming what went wrong."""
     if not isinstance(code, str):
       raise ToolError(f"code must be a string; got {type(code).__name__}")
-    outcome = self.sandbox.run(
-      run_code,
-      code,
-      self.setup,
-      self.modules,
-      self.max_output_chars,
-      self.show_last,
-      timeout=self.timeout,
-    )
+    box = self._free.get()
+    try:
+      outcome = box.run(
+        run_code,
+        code,
+        self.setup,
+        self.modules,
+        self.max_output_chars,
+        self.show_last,
+        timeout=self.timeout,
+      )
+    finally:
+      self._free.put(box)
     return self._observation(outcome)
 
   def close(self) -> None:
-    """Stop the sandbox's worker (when this executor started it)."""
+    """Stop the sandboxes' workers (when this executor started them)."""
     if self._owned:
-      self.sandbox.close()
+      for box in self._boxes:
+        box.close()
 
   def __enter__(self) -> "PythonExecutor":
     return self

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, Optional
 import jax
 import numpy as np
 
+from rljax import envs
 from rljax import rewards as rewards_lib
 from rljax import sampling
 from rljax._src.errors import UserError
@@ -105,6 +106,51 @@ def sample_and_score(
   return score_rollout(
     rollout, tokenizer, task, examples, prompts, prompt_ids=prompt_ids
   )
+
+
+def sample_episodes(
+  strategy,
+  engine: sampling.Engine,
+  model,
+  tokenizer: Tokenizer,
+  task,
+  examples: Sequence[dict],
+  *,
+  key: jax.Array,
+  width: int,
+  mesh=None,
+  num_samples: int = 1,
+  temperature: float = 1.0,
+) -> Scored:
+  """`num_samples` agent episodes of each of the global `examples` with a
+  bound `rljax.envs.EpisodeRollouts`, scored; with a `mesh`, this
+  process's rows (every process runs the whole batch)."""
+  episodes = envs.run_episodes(
+    engine,
+    model,
+    strategy.renderer,
+    strategy.environment,
+    examples,
+    [num_samples] * len(examples),
+    key=key,
+    width=width,
+    turn_tokens=strategy.turn_tokens or width,
+    max_turns=int(strategy.max_turns or 1),
+    temperature=temperature,
+    overlap=strategy.overlap,
+    workers=strategy.workers,
+    step_timeout=strategy.step_timeout,
+  )
+  engine.close()
+  rollout, extra = episodes.rollout, episodes.extra
+  rows = np.arange(len(examples))
+  if mesh is not None:
+    rows = _hosts.own_rows(mesh, len(examples))
+    rollout = jax.tree.map(lambda x: np.asarray(x)[rows], rollout)
+    extra = {k: np.asarray(v)[rows] for k, v in extra.items()}
+  mine = [examples[i] for i in rows]
+  prompts = [task.format_prompt(e) for e in mine]
+  return score_rollout(rollout, tokenizer, task, mine, prompts, extra=extra)
 
 
 def score_rollout(

@@ -105,6 +105,18 @@ NONFINITE_CAUSES = {
 }
 
 
+def _episode_metrics(scored) -> dict[str, np.ndarray]:
+  """Per-prompt tool calls and turns of agent episodes (first sample)."""
+  extra = scored.extra or {}
+  if "turns_PG" not in extra:
+    return {}
+  return {
+    "tool_calls": np.asarray(extra["tool_calls_PG"])[:, 0].sum(-1),
+    "tool_call_rate": np.asarray(extra["tool_calls_PG"])[:, 0].sum(-1) > 0,
+    "turns": np.asarray(extra["turns_PG"])[:, 0],
+  }
+
+
 def _from_config(field: str, build, *args, **kwargs):
   """`build(*args, **kwargs)`, its errors as `UserError`s naming `field`."""
   try:
@@ -596,6 +608,23 @@ class Trainer:
       **sampler_kwargs,
     )
 
+  def _episodes(self, examples, key, *, greedy=False, **sampler_kwargs):
+    """Agent episodes of the global `examples` (every process runs them
+    all, as the engine samples the global batch), scored; this process's
+    rows."""
+    return _rollout.sample_episodes(
+      self.groups,
+      self._engine(greedy),
+      self.policy(),
+      self.tokenizer,
+      self.task,
+      examples,
+      key=key,
+      width=self.config.sampler.max_new_tokens,
+      mesh=self.mesh,
+      **sampler_kwargs,
+    )
+
   def _next_prompts(self):
     """The prompt sampler's next global batch: (this process's prompt ids,
     their examples, every prompt's number of samples, the step's sampling
@@ -1040,14 +1069,17 @@ class Trainer:
     examples = [self.task.test[min(int(i), n - 1)] for i in rows]
     real = (rows < n).astype(np.float64)
     key = jax.random.key(t.seed + 7)
-    greedy = self._sample(examples, key, global_rows=padded, greedy=True)
+    sample = functools.partial(self._sample, examples, key, global_rows=padded)
+    if isinstance(self.groups, envs.EpisodeRollouts):  # agent episodes
+      every = [self.task.test[min(i, n - 1)] for i in range(padded)]
+      sample = functools.partial(self._episodes, every, key)
+    greedy = sample(greedy=True)
     correct = greedy.scores.values_NK[:, 0] > 0
     sums = {"count": real.sum(), "eval_accuracy": (correct * real).sum()}
+    for name, values in _episode_metrics(greedy).items():
+      sums[f"eval_{name}"] = (values * real).sum()
     if t.eval_samples > 1:
-      sampled = self._sample(
-        examples,
-        key,
-        global_rows=padded,
+      sampled = sample(
         num_samples=t.eval_samples,
         temperature=self.config.sampler.temperature,
       )

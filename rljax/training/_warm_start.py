@@ -1,7 +1,9 @@
 """A short supervised warm start: teach a scratch model the answer format.
 
-Cross-entropy on the answer tokens (and EOS) of task examples, prompt tokens
-unscored, with its own Adam; the RL optimizer starts fresh afterwards.
+Cross-entropy on the answer tokens (and EOS) of task examples (their
+"demonstration" when they have one: an agent task's whole transcript),
+prompt tokens unscored, with its own Adam; the RL optimizer starts fresh
+afterwards.
 """
 
 from collections.abc import Iterator
@@ -24,7 +26,8 @@ def answer_batch(
   prompts = [task.format_prompt(e) for e in examples]
   tokens_PS, mask_PS = tokenizer.encode_batch(prompts, max_length=prompt_width)
   answers = [
-    tokenizer.encode(str(e["answer"]), add_bos=False) + [tokenizer.eos_id]
+    tokenizer.encode(str(e.get("demonstration", e["answer"])), add_bos=False)
+    + [tokenizer.eos_id]
     for e in examples
   ]
   tokens_PT = np.zeros((len(examples), answer_width), np.int32)

@@ -112,8 +112,39 @@ from rljax.transforms._teacher import vcpo_sequence_weights
 from rljax.transforms._tokens import decision_token_mask
 from rljax.transforms._tokens import gtpo_advantages
 from rljax.transforms._tokens import hicra
+from rljax.transforms._tooluse import INFOPO_PLACEHOLDER
+from rljax.transforms._tooluse import InfoPOState
+from rljax.transforms._tooluse import infopo_advantages
+from rljax.transforms._tooluse import infopo_advantages_of
+from rljax.transforms._tooluse import infopo_counterfactual_logprobs
+from rljax.transforms._tooluse import infopo_information_gain
+from rljax.transforms._tooluse import otc_rewards
+from rljax.transforms._tooluse import otc_rewards_of
+from rljax.transforms._tooluse import otc_tool_reward
+from rljax.transforms._tooluse import portool_advantages
+from rljax.transforms._tooluse import portool_advantages_of
+from rljax.transforms._tooluse import portool_step_rewards_of
+from rljax.transforms._tooluse import thor_advantages
+from rljax.transforms._tooluse import thor_advantages_of
+from rljax.transforms._tooluse import thor_step_rewards_of
+from rljax.transforms._tooluse import toolpo_action_rewards_of
+from rljax.transforms._tooluse import toolpo_advantages
+from rljax.transforms._tooluse import toolpo_advantages_of
 from rljax.transforms._trees import treepo_advantages
 from rljax.transforms._trees import treepo_advantages_of
+from rljax.transforms._turns import SeeupoState
+from rljax.transforms._turns import drop_small_advantages
+from rljax.transforms._turns import episode_advantages
+from rljax.transforms._turns import episode_returns
+from rljax.transforms._turns import gigpo_advantages
+from rljax.transforms._turns import hgpo_advantages
+from rljax.transforms._turns import poad_advantages
+from rljax.transforms._turns import salt_advantages
+from rljax.transforms._turns import seeupo_advantages
+from rljax.transforms._turns import seeupo_policy
+from rljax.transforms._turns import seeupo_turn
+from rljax.transforms._turns import turn_advantages
+from rljax.transforms._turns import turn_rewards
 from rljax.transforms._variants import COPO_MIX
 from rljax.transforms._variants import adora_advantages
 from rljax.transforms._variants import adora_length_criterion
@@ -148,14 +179,25 @@ __all__ = [
   "ares_entropy_shaping",
   "arm_advantages",
   "aspo_shaping",
+  "SeeupoState",
   "StepState",
   "brpo_advantages",
   "brpo_advantages_of",
   "brpo_chunk_advantages",
   "budget_length_reward",
   "budget_prior",
+  "drop_small_advantages",
+  "episode_advantages",
+  "episode_returns",
+  "gigpo_advantages",
+  "hgpo_advantages",
   "icpo_bonus",
   "icpo_expert_bonus",
+  "poad_advantages",
+  "salt_advantages",
+  "seeupo_advantages",
+  "seeupo_policy",
+  "seeupo_turn",
   "stream_weights",
   "budget_schedule",
   "bundle_scores",
@@ -248,10 +290,30 @@ __all__ = [
   "success_gated_rewards",
   "token_rewards",
   "token_tis",
+  "INFOPO_PLACEHOLDER",
+  "InfoPOState",
+  "infopo_advantages",
+  "infopo_advantages_of",
+  "infopo_counterfactual_logprobs",
+  "infopo_information_gain",
+  "otc_rewards",
+  "otc_rewards_of",
+  "otc_tool_reward",
+  "portool_advantages",
+  "portool_advantages_of",
+  "portool_step_rewards_of",
+  "thor_advantages",
+  "thor_advantages_of",
+  "thor_step_rewards_of",
+  "toolpo_action_rewards_of",
+  "toolpo_advantages",
+  "toolpo_advantages_of",
   "tp_grpo_rewards",
   "track_quantiles",
   "treepo_advantages",
   "treepo_advantages_of",
+  "turn_advantages",
+  "turn_rewards",
   "vcpo_advantages",
   "vcpo_baseline_advantages",
   "vcpo_ess_ratio",

@@ -299,7 +299,8 @@ def hdpo_advantages(
 
   Args:
     cost: per-sample cost (tool calls): extra ``_PG`` name or
-      ``rewards_PGK`` column.
+      ``rewards_PGK`` column; a [P, G, N] array (the agent layout's
+      per-turn ``tool_calls_PG``, `rljax.envs`) is summed over turns.
     weight: w of the efficiency channel (>= 0; default 1.0, a choice).
     efficiency: cost -> efficiency reward, higher is better; default
       1 / (cost + 1) (the paper's R_tool, per a secondary summary).
@@ -314,7 +315,8 @@ def hdpo_advantages(
   efficiency = (lambda c: 1.0 / (c + 1.0)) if efficiency is None else efficiency
 
   def fn(batch: Batch) -> Batch:
-    eff = efficiency(read_feature(batch, cost, by="hdpo_advantages"))
+    c = read_feature(batch, cost, by="hdpo_advantages")
+    eff = efficiency(c.sum(-1) if c.ndim == 3 else c)
     a_acc, a_eff = V.hdpo_channels(
       sequence_rewards(batch),
       eff,

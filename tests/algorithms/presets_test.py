@@ -30,6 +30,31 @@ def _get(name):
   return rljax.algorithms.get(name, **KWARGS.get(name, {}))
 
 
+def _agent_extras(batch, rng, turns=3):
+  """The agent data layout (rljax.envs) of a batch: each completion's
+  tokens in turns of two, some rows reaching the last turn (SeeUPO)."""
+  mask = np.asarray(batch.mask_PGT) > 0
+  t = np.arange(batch.shape[2])
+  turn_ids = np.where(mask, np.minimum(t // 2, turns - 1), -1).astype(np.int32)
+  taken = (turn_ids.max(-1) + 1).astype(np.int32)
+  past = np.arange(turns) >= taken[..., None]
+  rewards = np.where(past, 0.0, rng.normal(size=past.shape)).astype(np.float32)
+  states = np.where(past, -1, rng.integers(0, 2, past.shape)).astype(np.int32)
+  calls = np.where(past, 0, rng.integers(0, 3, past.shape)).astype(np.int32)
+  # A tree per group: samples 0 and 1 share their first action.
+  nodes = np.arange(np.prod(past.shape), dtype=np.int32).reshape(past.shape)
+  nodes[:, 1, 0] = nodes[:, 0, 0]
+  return dict(
+    turn_ids_PGT=turn_ids,
+    turns_PG=taken,
+    turn_rewards_PG=rewards,
+    state_ids_PG=states,
+    tool_calls_PG=calls,
+    tool_errors_PG=np.minimum(calls, rng.integers(0, 2, past.shape)),
+    node_ids_PG=np.where(past, -1, nodes),
+  )
+
+
 def _batch(seed, prompts=4):
   """A random batch with the side data presets may read, as a run's
   `Trainer(annotate=...)` writes it: answer-cluster ids (EMPO, COPO,
@@ -41,9 +66,9 @@ def _batch(seed, prompts=4):
   rng = np.random.default_rng(seed)
   pg = batch.shape[:2]
   return batch.with_extra(
+    **_agent_extras(batch, rng),
     answer_ids_PG=rng.integers(0, 3, pg),
     tool_position_PG=rng.integers(-1, 5, pg),
-    tool_calls_PG=rng.integers(0, 3, pg),
     stream_PG=np.tile([0, 0, 1, 4], pg[1] // 4 + 1)[None, : pg[1]].repeat(
       pg[0], 0
     ),
@@ -108,8 +133,10 @@ def _prepared(algo, batch, logp):
 
 
 def _loss_fn(algo, batch, state):
-  def loss(logp):
-    value, metrics = algo.loss(logp, batch, state)
+  def loss(logp):  # the trainer passes the entropies (AEPO reads them)
+    value, metrics = algo.loss(
+      logp, batch, state, entropy_PGT=jnp.ones_like(logp)
+    )
     return value.value, metrics
 
   return loss
@@ -179,7 +206,7 @@ def test_micro_batches_give_the_exact_global_loss_and_gradient(name):
   batch, state = _prepared(algo, batch, logp)
 
   def num_den(logp, batch):
-    return algo.loss(logp, batch, state)[0]
+    return algo.loss(logp, batch, state, entropy_PGT=jnp.ones_like(logp))[0]
 
   whole = num_den(logp, batch)
   halves = [

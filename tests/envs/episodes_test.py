@@ -142,7 +142,21 @@ def test_the_agent_data_layout(model, tokenizer):
   # State ids: "start" is one id for every episode's first action; later
   # ones are equal exactly when the previous actions start alike.
   states = x["state_ids_PG"]
-  assert len(set(states[:, :, 0].ravel())) == 1
+  assert np.all(states[:, :, 0] == 0)  # "start", the first state seen
+  for p in range(2):
+    for g in range(2):
+      for t in range(1, 3):  # equal ids exactly for equal first characters
+        action = r.tokens_PGT[p, g][
+          (x["turn_ids_PGT"][p, g] == t - 1) & (x["loss_mask_PGT"][p, g] > 0)
+        ]
+        for q in range(2):
+          for h in range(2):
+            other = r.tokens_PGT[q, h][
+              (x["turn_ids_PGT"][q, h] == t - 1)
+              & (x["loss_mask_PGT"][q, h] > 0)
+            ]
+            same = text(action)[:1] == text(other)[:1]
+            assert (states[p, g, t] == states[q, h, t]) == same
   assert np.all(x["tool_calls_PG"] == 0)
 
 
@@ -307,7 +321,7 @@ def test_branches_share_the_trunk_and_continue_independently(model, tokenizer):
   nodes = x["node_ids_PG"]
   assert nodes[0, 0, 0] == nodes[0, 1, 0]  # the shared first action
   assert nodes[0, 0, 1] != nodes[0, 1, 1]
-  first = x["turn_ids_PGT"][0, 0] <= 0
+  first = x["turn_ids_PGT"][0, 0] == 0
   n = int(first.sum())
   np.testing.assert_array_equal(r.tokens_PGT[0, 0, :n], r.tokens_PGT[0, 1, :n])
   assert x["turns_PG"][0, 1] == 3
@@ -332,7 +346,8 @@ class ProbeFork:
   probe_tokens = 2
 
   def __call__(self, point):
-    assert point.step is None and len(point.action.tokens) == 2
+    assert point.step.observation == f"b{point.turn - 1}="
+    assert len(point.action.tokens) == 2
     return 1 if point.leaves < 2 else 0
 
 

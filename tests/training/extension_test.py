@@ -216,15 +216,23 @@ def test_literature_preset_trains_two_steps(tmp_path, name):
   if _build.needs_field(algorithm, "teacher_logp_PGT"):
     teacher = _build.build_policy(config.model, task.alphabet, seed=7)[0]
   # Side data the literature's judges and tools write: answer clusters
-  # (EMPO, COPO, SEED-GRPO); this task has no tools (ASPO, HDPO).
+  # (EMPO, COPO, SEED-GRPO); this task has no tools (ASPO, HDPO) and is
+  # the one-turn case of the agent data layout (rljax.envs).
   clusters = rljax.rewards.cluster_annotate()
 
   def annotate(scored):
-    none = np.zeros(scored.rollout.mask_PGT.shape[:2], np.int32)
+    mask = np.asarray(scored.rollout.mask_PGT)
+    none = np.zeros(mask.shape[:2], np.int32)
     return {
       **clusters(scored),
       "tool_position_PG": none - 1,
-      "tool_calls_PG": none,
+      "tool_calls_PG": none[..., None],
+      "turn_ids_PGT": np.where(mask > 0, 0, -1).astype(np.int32),
+      "turns_PG": none + 1,
+      "turn_rewards_PG": np.zeros(mask.shape[:2] + (1,), np.float32),
+      "state_ids_PG": none[..., None] - 1,
+      "tool_errors_PG": none[..., None],
+      "node_ids_PG": (np.arange(none.size).reshape(none.shape))[..., None],
     }
 
   trainer = Trainer(
