@@ -3,7 +3,11 @@ quickstart runs in the default one."""
 
 import pytest
 
-SLOW = {"prototype_objective.ipynb", "inspect_rollouts.ipynb"}
+SLOW = {
+  "prototype_objective.ipynb",
+  "inspect_rollouts.ipynb",
+  "new_environment.ipynb",
+}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -201,3 +201,36 @@ def test_agent_calculator_config_trains_a_step(tmp_path):
   assert np.isfinite(summary["history"][0]["loss"])
   metrics = trainer.evaluate(num_prompts=4)
   assert {"eval_accuracy", "eval_tool_call_rate", "eval_turns"} <= set(metrics)
+
+
+@pytest.mark.slow
+def test_agent_demo_beats_its_no_tool_baseline(tmp_path):
+  # The README's agent demo, shortened (20 GRPO steps): with the calculator
+  # the held-out accuracy ends at least 20 points above the same run
+  # without it (measured: 0.62 vs the baseline's, README), and the policy
+  # calls the tool on most problems.
+  from rljax.training import Trainer
+  from rljax.training import load_config
+  from rljax.training import override
+
+  def run(name, *extra):
+    config = override(
+      load_config(CONFIGS / "agent_calculator.py"),
+      [
+        "train.steps=20",
+        "train.eval_every=0",
+        "train.eval_prompts=100",
+        "output.plot=False",
+        "output.tensorboard=False",
+        f"output.directory={tmp_path / name}",
+        *extra,
+      ],
+    )
+    trainer = Trainer(config)
+    trainer.run()
+    return trainer.evaluate()
+
+  tools_on = run("tools")
+  tools_off = run("no_tools", "task.kwargs.use_tools=False")
+  assert tools_on["eval_accuracy"] >= tools_off["eval_accuracy"] + 0.2
+  assert tools_on["eval_tool_call_rate"] > 0.8

@@ -70,6 +70,10 @@ MECHANISM_CONFIGS = {
   "train_long_think_short": "tlts",
   "kimi_partial": "kimi_opmd",
   "inspo": "grpo",
+  "gigpo_grid": "gigpo",
+  "agent_calculator": "grpo",
+  "agent_python": "grpo",
+  "arpo": "episode_grpo",
 }
 
 
@@ -99,6 +103,8 @@ def test_one_config_per_preset():
     "brpo",
     "delethink",
     "remix",
+    "aepo_agentic",
+    "portool",
   }
   for name in PRESET_CONFIGS:
     config = load_config(CONFIGS / f"{name}.py")
