@@ -41,6 +41,22 @@ def random_model(
   return model
 
 
+def tiny_model(vocab_size: int, *, max_position_embeddings: int = 64):
+  """A random 2-layer model (d = 32, 4 heads over 2 KV heads) over a
+  `vocab_size`-token vocabulary, for sampler and episode tests."""
+  config = ModelConfig(
+    vocab_size=vocab_size,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    max_position_embeddings=max_position_embeddings,
+  )
+  return random_model(config, scale=0.5)
+
+
 def jit_model_fn(fn):
   """jax.jit of ``fn(model, *args)`` at XLA optimisation level 0.
 

@@ -2,12 +2,14 @@
 aggregation. `get(name, **kwargs)` looks one up by name; `docs/papers.md`
 lists each seed paper's preset or composition."""
 
+from rljax.algorithms._agents import aepo_agentic
 from rljax.algorithms._agents import episode_grpo
 from rljax.algorithms._agents import episode_rloo
 from rljax.algorithms._agents import gigpo
 from rljax.algorithms._agents import hgpo
 from rljax.algorithms._agents import loop
 from rljax.algorithms._agents import poad
+from rljax.algorithms._agents import portool
 from rljax.algorithms._agents import salt
 from rljax.algorithms._agents import seeupo
 from rljax.algorithms._agents import turn_grpo
@@ -94,6 +96,8 @@ __all__ = [
   "episode_rloo",
   "get",
   "gigpo",
+  "aepo_agentic",
+  "portool",
   "gmpo",
   "gpg",
   "grpo",

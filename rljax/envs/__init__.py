@@ -18,8 +18,11 @@ each group as a tree of episodes with a branching rule (`ARPOBranching`,
 `AEPOBranching`, `PORToolBranching`; strategies "arpo", "aepo",
 "portool").
 
-Built-in text games (offline, for turn-level credit): `GridWorld` and
-`Sokoban` (`rljax.tasks.grid_world`, `rljax.tasks.sokoban`).
+`ToolEnvironment` answers a question with tools (`rljax.tools`): each
+turn's calls run and their results are the observation, the first turn
+without a call is the answer. Built-in text games (offline, for turn-level
+credit): `GridWorld` and `Sokoban` (`rljax.tasks.grid_world`,
+`rljax.tasks.sokoban`).
 
 The agent data layout (what the batch carries, `Batch.extra`; N = max
 turns):

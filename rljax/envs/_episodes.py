@@ -150,7 +150,8 @@ def run_episodes(
   one after another before decoding goes on. In a multi-process run every
   process runs every episode's steps, and all steps started in a segment
   finish before the next, so the processes schedule alike (keep
-  environments deterministic). A step that raises, or takes longer
+  environments deterministic; a `step_timeout` is wall-clock time measured
+  on each process, so on several hosts prefer the tools' own limits). A step that raises, or takes longer
   than `step_timeout` seconds (a late result is dropped; a step still
   running at its deadline is left to finish in its thread), ends its
   episode with no further reward; both are counted in ``stats``.

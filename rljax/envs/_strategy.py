@@ -39,6 +39,13 @@ class EpisodeRollouts(rollouts.GroupStrategy):
       `rljax.envs.run_episodes`); None: G independent episodes.
     initial: with `branch`, the episodes each group starts with (the rest
       of its G come from branching); None: all G.
+    counterfactual: InfoPO's placeholder text (e.g.
+      `rljax.transforms.INFOPO_PLACEHOLDER`, "No information found."):
+      after sampling, the policy scores each action with the observation
+      before it replaced by the placeholder
+      (`rljax.transforms.infopo_counterfactual_logprobs`, one forward pass
+      per turn), into ``Batch.extra["infopo_cf_logp_PGT"]`` for
+      `rljax.transforms.infopo_advantages`; None: no such pass.
   """
 
   def __init__(
@@ -52,6 +59,7 @@ class EpisodeRollouts(rollouts.GroupStrategy):
     step_timeout: Optional[float] = None,
     branch: Optional[Callable] = None,
     initial: Optional[int] = None,
+    counterfactual: Optional[str] = None,
   ):
     for name, value in (
       ("initial", initial),
@@ -71,6 +79,7 @@ class EpisodeRollouts(rollouts.GroupStrategy):
     self.step_timeout = step_timeout
     self.branch = branch
     self.initial = initial
+    self.counterfactual = counterfactual
     self.renderer: Optional[Renderer] = None
     self.last_stats: dict = {}
 
@@ -91,6 +100,7 @@ class EpisodeRollouts(rollouts.GroupStrategy):
       step_timeout=self.step_timeout,
       branch=self.branch,
       initial=self.initial,
+      counterfactual=self.counterfactual,
     )
     bound.renderer = self.renderer
     return bound
@@ -140,4 +150,32 @@ class EpisodeRollouts(rollouts.GroupStrategy):
       branch=self.branch,
     )
     self.last_stats = episodes.stats
-    return rollouts.Drawn(episodes.rollout, episodes.extra)
+    extra = dict(episodes.extra)
+    if self.counterfactual is not None:
+      extra["infopo_cf_logp_PGT"] = self._counterfactual(
+        model, episodes, temperature
+      )
+    return rollouts.Drawn(episodes.rollout, extra)
+
+  def _counterfactual(self, model, episodes, temperature) -> np.ndarray:
+    """InfoPO's log-probs with each action's preceding observation
+    replaced by the placeholder, [P, G, T]."""
+    from rljax import transforms  # noqa: PLC0415 - only InfoPO runs need it
+
+    r, x = episodes.rollout, episodes.extra
+    p, g, t = np.shape(r.tokens_PGT)
+    flat = lambda a: np.asarray(a).reshape(p * g, -1)  # noqa: E731
+    placeholder = self.renderer.tokenizer.encode(
+      self.counterfactual, add_bos=False
+    )
+    _, cf = transforms.infopo_counterfactual_logprobs(
+      model,
+      np.concatenate([flat(r.prompt_tokens_PGS), flat(r.tokens_PGT)], -1),
+      np.concatenate([flat(r.prompt_mask_PGS), flat(r.mask_PGT)], -1),
+      flat(x["turn_ids_PGT"]),
+      flat(x["loss_mask_PGT"]),
+      placeholder,
+      num_turns=int(self.max_turns or 1),
+      temperature=temperature,
+    )
+    return np.asarray(cf, np.float32).reshape(p, g, t)

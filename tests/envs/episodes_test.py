@@ -379,3 +379,44 @@ def test_probe_points_fork_inside_the_next_action(model, tokenizer):
   assert np.all(x["loss_mask_PGT"][0, :, start:shared] == 1)
   assert tokenizer.decode(r.tokens_PGT[0, 0, start - 3 : start]) == "b0="
   assert x["node_ids_PG"][0, 0, 1] != x["node_ids_PG"][0, 1, 1]
+
+
+def test_infopo_counterfactual_pass_reaches_the_batch(model, tokenizer):
+  from rljax import rollouts
+  from rljax import transforms
+
+  class Task:
+    environment = Counter
+
+  strategy = envs.EpisodeRollouts(turn_tokens=4, counterfactual="ab")
+  strategy = strategy.prepare(Task())
+  strategy = strategy.bind(tokenizer, chat=False)
+  groups = [rollouts.Group({"question": "a1="}, "a1=", 0, 2)]
+  drawn = strategy.draw(
+    _engine(model),
+    model,
+    [tokenizer.encode("a1=")],
+    np.array([2]),
+    key=jax.random.key(0),
+    max_new_tokens=24,
+    width=24,
+    temperature=1.0,
+    groups=groups,
+  )
+  r, x = drawn.rollout, drawn.extra
+  cf = x["infopo_cf_logp_PGT"]
+  assert cf.shape == r.tokens_PGT.shape
+  flat = lambda a: np.asarray(a).reshape(2, -1)  # noqa: E731
+  logp, want = transforms.infopo_counterfactual_logprobs(
+    model,
+    np.concatenate([flat(r.prompt_tokens_PGS), flat(r.tokens_PGT)], -1),
+    np.concatenate([flat(r.prompt_mask_PGS), flat(r.mask_PGT)], -1),
+    flat(x["turn_ids_PGT"]),
+    flat(x["loss_mask_PGT"]),
+    tokenizer.encode("ab"),
+    num_turns=3,
+  )
+  np.testing.assert_allclose(cf.reshape(2, -1), want, atol=1e-6)
+  # Actions after the first see another context: their log-probs change.
+  later = (x["turn_ids_PGT"] >= 1) & (x["loss_mask_PGT"] > 0)
+  assert np.any(np.abs(cf - np.asarray(logp).reshape(cf.shape))[later] > 1e-4)
