@@ -137,8 +137,9 @@ def run_episodes(
   budget) with `Environment.step`, until the environment says done, the
   episode has `max_turns` actions, or its completion would exceed
   `budget` tokens (default `width`, the rollout's width; then it ends
-  truncated, before the observation that does not fit). An episode's sequence stays in the engine between turns (its
-  cache is reused; the observation's tokens are prefilled), and its
+  truncated, before the observation that does not fit). An episode's
+  sequence stays in the engine between turns (its cache is reused; the
+  observation's tokens are prefilled), and its
   token s is drawn with ``fold_in(sequence key, s)``, so an episode samples
   exactly what decoding its turns one by one would. Episode g of example p
   draws with ``fold_in(fold_in(key, p), k)``'s j-th child, k counting the
@@ -151,10 +152,11 @@ def run_episodes(
   process runs every episode's steps, and all steps started in a segment
   finish before the next, so the processes schedule alike (keep
   environments deterministic; a `step_timeout` is wall-clock time measured
-  on each process, so on several hosts prefer the tools' own limits). A step that raises, or takes longer
-  than `step_timeout` seconds (a late result is dropped; a step still
-  running at its deadline is left to finish in its thread), ends its
-  episode with no further reward; both are counted in ``stats``.
+  on each process, so on several hosts prefer the tools' own limits). A
+  step that raises, or takes longer than `step_timeout` seconds (a late
+  result is dropped; a step still running at its deadline is left to
+  finish in its thread), ends its episode with no further reward; both are
+  counted in ``stats``.
 
   Trees of episodes (ARPO, AEPO, PORTool): a `branch` rule is called at
   each `BranchPoint` and returns how many extra branches to fork there
@@ -202,7 +204,6 @@ def run_episodes(
         )
       stop_strings = tuple(env.stop_strings) or stop_strings
       ep = _Episode(i, j, env, start, states=[start.state])
-      ep.probing = 0
       episodes.append(ep)
       tokens = tuple(renderer.prompt(start.prompt, start.tools))
       starts.setdefault(tokens, []).append(ep)

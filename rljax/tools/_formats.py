@@ -104,7 +104,8 @@ class HermesFormat:
     ]
 
   def render(self, results: Sequence[ToolResult]) -> str:
-    """Each result as <tool_response>\\n{text}\\n</tool_response>, one a line."""
+    """Each result as <tool_response>\\n{text}\\n</tool_response>, one a
+    line."""
     start, end = self.response_tags
     return "\n".join(f"{start}\n{r.text}\n{end}" for r in results)
 
@@ -113,7 +114,8 @@ class HermesFormat:
     return [_tool_message(r, r.text) for r in results]
 
   def format_call(self, call: ToolCall) -> str:
-    """The call as <tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>."""
+    """The call as <tool_call>\\n{"name": ..., "arguments": ...}\\n
+    </tool_call>."""
     if not isinstance(call.arguments, Mapping):
       raise ValueError(
         f"HermesFormat writes calls with an arguments dict; got {call!r}."

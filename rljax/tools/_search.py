@@ -35,8 +35,9 @@ class BM25:
   mean length, N the number of documents and n(t) how many contain t
   (Robertson and Zaragoza, "The Probabilistic Relevance Framework: BM25
   and Beyond", 2009, with Lucene's IDF, which is never negative; bm25s and
-  Lucene use the same). Query terms count once each. Each term's weights are computed once, at indexing, so a
-  query costs a few sparse additions.
+  Lucene use the same). Query terms count once each. Each term's weights
+  are computed once, at indexing, so a query costs a few sparse
+  additions.
 
   Args:
     texts: the documents.

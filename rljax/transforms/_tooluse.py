@@ -1053,11 +1053,12 @@ def portool_advantages(
   """PORTool: A_traj + coef A_fork on each step's action tokens.
 
   Reads the tree ``Batch.extra[tree]`` ([P, G, N] node ids, written by the
-  episode runner for trees of episodes, `rljax.envs.portool_episodes`) and the step rewards ``Batch.extra[step_rewards]``
-  or, by default, `portool_step_rewards_of` from the episode correctness
-  (``correct_PG``, reward column 0 or ``rewards_PG > 0``) and the tool
-  successes of ``tool_calls_PG`` / ``tool_errors_PG``. Writes
-  ``advantages_PGT`` (see `portool_advantages_of`).
+  episode runner for trees of episodes, `rljax.envs.portool_episodes`) and
+  the step rewards ``Batch.extra[step_rewards]`` or, by default,
+  `portool_step_rewards_of` from the episode correctness (``correct_PG``,
+  reward column 0 or ``rewards_PG > 0``) and the tool successes of
+  ``tool_calls_PG`` / ``tool_errors_PG``. Writes ``advantages_PGT`` (see
+  `portool_advantages_of`).
   """
   checks.one_of("normalize", normalize, _PORTOOL_NORMALIZE)
   checks.one_of("descendants", descendants, _DESCENDANTS)
