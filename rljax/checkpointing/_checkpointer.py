@@ -60,7 +60,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
+import time
 from typing import Any, NamedTuple, Optional
 
 from etils import epath
@@ -80,6 +82,8 @@ _log = logging.getLogger("rljax")
 _CHECKSUMS = "rljax_checksums.json"
 _COMMITTED = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # orbax's commit marker
 _TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX
+# How long opening a directory waits for a failed save's writers to finish.
+_TMP_CLEANUP_S = 30.0
 # Step-level files orbax writes after the checksums (commit time and marker).
 _UNHASHED = frozenset({_CHECKSUMS, _COMMITTED, "_CHECKPOINT_METADATA"})
 _TREE_METADATA = "_METADATA"  # orbax's pytree metadata file in ``state/``
@@ -237,10 +241,44 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(
       self.directory, options=options, handler_registry=self._registry()
     )
-    # orbax deletes the tmp directories of unfinished saves in a background
-    # thread that only its next save waits for; wait here, so that a
-    # directory just opened holds finished steps only.
-    getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: 0)()
+    self._await_tmp_cleanup()
+
+  def _await_tmp_cleanup(self) -> None:
+    """Wait until the tmp directories of unfinished saves are gone.
+
+    orbax deletes them in a background thread that only its next save waits
+    for; wait here, so that a directory just opened holds finished steps
+    only. A save of this process that failed (no space) may still have
+    writers finishing in its tmp directory, so that orbax's single `rmtree`
+    finds it refilled ("Directory not empty"): the removal is then retried
+    until those writers are done.
+    """
+    try:
+      getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: 0)()
+      return
+    except OSError as e:
+      if not self._local:
+        raise
+      first = e
+    deadline = time.monotonic() + _TMP_CLEANUP_S
+    while True:
+      left = [
+        p for p in self.directory.iterdir() if p.name.endswith(_TMP_SUFFIX)
+      ]
+      try:
+        for path in left:
+          shutil.rmtree(path)
+        return
+      except FileNotFoundError:
+        continue  # removed meanwhile: look again
+      except OSError as e:
+        if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+          raise CheckpointError(
+            f"{self.directory} holds the tmp directory of an unfinished save "
+            f"that cannot be deleted ({_one_line(str(e))}): delete "
+            f"{', '.join(str(p) for p in left)} and open it again."
+          ) from first
+        time.sleep(0.05)
 
   def _registry(self) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     """Handlers: standard for the state, JSON for data (per process), meta."""

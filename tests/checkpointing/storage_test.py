@@ -20,10 +20,12 @@ from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from rljax._src.errors import CheckpointError
 from rljax.checkpointing import Checkpointer
+from rljax.checkpointing import _checkpointer
 
 _UNWRITABLE = [errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT]
 _NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
@@ -174,3 +176,63 @@ def test_no_space_from_the_file_layer_is_one_line(
   monkeypatch.undo()
   assert _within(60, ckpt.close) is None
   _assert_step_1_intact(tmp_path)
+
+
+def _orbax_cleanup_finds_a_writer(monkeypatch):
+  """orbax's one rmtree of tmp directories meets a writer still at work."""
+
+  def refilled(self):
+    raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY))
+
+  monkeypatch.setattr(
+    ocp.CheckpointManager, "_maybe_await_cleanup_tmp_directory", refilled
+  )
+
+
+def test_opening_waits_out_the_writers_of_a_failed_save(tmp_path, monkeypatch):
+  # A failed save of this process can leave writers finishing in its tmp
+  # directory; opening the directory again retries until they are done.
+  ckpt = Checkpointer(tmp_path, keep=1)
+  ckpt.save(1, {"x": jnp.arange(8.0)})
+  ckpt.close()
+  tmp = tmp_path / "2.orbax-checkpoint-tmp" / "state.orbax-checkpoint-tmp"
+  tmp.mkdir(parents=True)
+  stop = threading.Event()
+
+  def writer():
+    for i in range(10_000):
+      if stop.wait(0.001):
+        return
+      try:
+        (tmp / f"chunk_{i}").write_bytes(b"\0" * 64)
+      except FileNotFoundError:  # the directory was deleted under it
+        return
+
+  thread = threading.Thread(target=writer)
+  thread.start()
+  threading.Timer(0.3, stop.set).start()
+  _orbax_cleanup_finds_a_writer(monkeypatch)
+  try:
+    _assert_step_1_intact(tmp_path)
+  finally:
+    stop.set()
+    thread.join()
+
+
+def test_a_tmp_directory_that_cannot_go_is_one_line(tmp_path, monkeypatch):
+  ckpt = Checkpointer(tmp_path, keep=1)
+  ckpt.save(1, {"x": jnp.arange(8.0)})
+  ckpt.close()
+  (tmp_path / "2.orbax-checkpoint-tmp").mkdir()
+  _orbax_cleanup_finds_a_writer(monkeypatch)
+
+  def stuck(path):
+    raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), str(path))
+
+  monkeypatch.setattr(_checkpointer.shutil, "rmtree", stuck)
+  monkeypatch.setattr(_checkpointer, "_TMP_CLEANUP_S", 0.2)
+  with pytest.raises(CheckpointError) as info:
+    Checkpointer(tmp_path)
+  _one_line(
+    info.value, str(tmp_path / "2.orbax-checkpoint-tmp"), "open it again"
+  )
