@@ -18,6 +18,9 @@ from rljax.algorithms._bounds import bapo
 from rljax.algorithms._bounds import dcpo
 from rljax.algorithms._budgets import hbpo
 from rljax.algorithms._budgets import tlts
+from rljax.algorithms._distill import PRESETS as _DISTILL
+from rljax.algorithms._distill import opd
+from rljax.algorithms._distill import opd_grpo
 from rljax.algorithms._markovian import delethink
 from rljax.algorithms._offpolicy import disco
 from rljax.algorithms._offpolicy import kimi_opmd
@@ -72,6 +75,9 @@ from rljax.algorithms._variants import pf_ppo
 from rljax.algorithms._variants import polychromic
 from rljax.algorithms._variants import seed_grpo
 
+# On-policy distillation joins the registry that `get` reads.
+PRESETS.update(_DISTILL)
+
 __all__ = [
   "PRESETS",
   "adora",
@@ -114,6 +120,8 @@ __all__ = [
   "l_grpo",
   "loop",
   "mdpo",
+  "opd",
+  "opd_grpo",
   "pf_ppo",
   "poad",
   "polychromic",

@@ -2,8 +2,8 @@
 
 Policy surrogates take ``(logp_BT, old_logp_BT, adv_BT, mask_BT, **hyper)`` and
 return a `TokenLoss` of per-token values to minimise; KL estimators take
-``(logp_BT, ref_logp_BT)``; value losses and preference losses have their own
-signatures. Nothing here reduces over tokens: `rljax.aggregate` does.
+``(logp_BT, ref_logp_BT)``; value, preference and distillation losses (the
+latter on logits [..., V]) have their own signatures. Nothing here reduces over tokens: `rljax.aggregate` does.
 """
 
 from rljax.losses._bounds import aepo
@@ -23,6 +23,10 @@ from rljax.losses._bounds import hapo_token_advantages
 from rljax.losses._bounds import llds
 from rljax.losses._bounds import ppo_clip_bounds
 from rljax.losses._bounds import r2vpo_penalty
+from rljax.losses._distill import generalized_jsd
+from rljax.losses._distill import gkd_loss
+from rljax.losses._distill import token_forward_kl
+from rljax.losses._distill import token_reverse_kl
 from rljax.losses._kl import kl_abs
 from rljax.losses._kl import kl_k1
 from rljax.losses._kl import kl_k2
@@ -53,16 +57,25 @@ from rljax.losses._policy import ppo_clip
 from rljax.losses._policy import reinforce
 from rljax.losses._policy import sapo
 from rljax.losses._policy import vespo
+from rljax.losses._preference import KTOLoss
 from rljax.losses._preference import PreferenceLoss
+from rljax.losses._preference import cpo
 from rljax.losses._preference import dpo
 from rljax.losses._preference import ipo
+from rljax.losses._preference import kto
+from rljax.losses._preference import kto_reference_point
+from rljax.losses._preference import log_odds
+from rljax.losses._preference import orpo
+from rljax.losses._preference import robust_dpo
 from rljax.losses._preference import sequence_logp
 from rljax.losses._preference import simpo
+from rljax.losses._preference import tgdpo
 from rljax.losses._value import ValueLoss
 from rljax.losses._value import value_clip
 from rljax.losses._value import value_mse
 
 __all__ = [
+  "KTOLoss",
   "PreferenceLoss",
   "TokenLoss",
   "ValueLoss",
@@ -73,6 +86,7 @@ __all__ = [
   "cispo",
   "cispo_capped",
   "clip_cov",
+  "cpo",
   "dcpo_bounds",
   "dcpo_clip",
   "dcpo_sas",
@@ -83,6 +97,8 @@ __all__ = [
   "etr_eps",
   "etr_macro",
   "etr_micro",
+  "generalized_jsd",
+  "gkd_loss",
   "gmpo",
   "gppo",
   "gspo",
@@ -92,6 +108,8 @@ __all__ = [
   "hapo_token_advantages",
   "ipo",
   "kimi_opmd",
+  "kto",
+  "kto_reference_point",
   "kl_abs",
   "kl_cov",
   "kl_k1",
@@ -100,14 +118,17 @@ __all__ = [
   "kl_k3_importance_corrected",
   "kl_reverse_old",
   "llds",
+  "log_odds",
   "luspo",
   "mdpo_step_size",
+  "orpo",
   "p3o",
   "ppo_clip",
   "ppo_clip_bounds",
   "r2vpo_penalty",
   "ratio_pg",
   "rec",
+  "robust_dpo",
   "reg_grpo",
   "icpo_shaped",
   "reinforce",
@@ -115,6 +136,9 @@ __all__ = [
   "sequence_logp",
   "simpo",
   "straight_through",
+  "tgdpo",
+  "token_forward_kl",
+  "token_reverse_kl",
   "value_clip",
   "value_mse",
   "vespo",

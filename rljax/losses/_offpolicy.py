@@ -371,7 +371,11 @@ def p3o(
   Checked: not verified: the paper's clipped objectives were not found in
   the reference corpus; the forms above follow the catalog (SEED_PAPERS
   4.20: "per-response or joint ratio clipping") and the usual PPO clip.
-  The unclipped gradient identity is verified by the tests.
+  The unclipped gradient identity is verified by the tests. A second
+  search (issue 15) reached only the abstract and the opening of the
+  authors' BAIR blog post ("stability is enforced with clipping variants
+  ... on paired trajectories", a review's summary): consistent with the
+  two clipped forms named here, the equations still not read.
 
   Args:
     logp_BT, old_logp_BT, adv_BT, mask_BT: [..., 2, T]; see

@@ -20,6 +20,8 @@ def token_logprobs(
   tokens_BS: ArrayLike,
   attention_mask_BS: Optional[ArrayLike] = None,
   *,
+  segment_ids_BS: Optional[ArrayLike] = None,
+  positions_BS: Optional[ArrayLike] = None,
   temperature: float = 1.0,
   schedule: str = "auto",
 ) -> tuple[jax.Array, jax.Array]:
@@ -36,6 +38,12 @@ def token_logprobs(
   schedule on CPU), which never holds the [B, S, V] logits, forward or
   backward. ``schedule="dense"`` materialises them (the reference path).
 
+  Packed rows (`rljax.posttrain` packing) pass ``segment_ids_BS`` (0 on
+  padding) and ``positions_BS`` (restarting at 0 in each segment; the
+  default): each token is predicted from the earlier tokens of its own
+  segment only, and the first token of every segment gets 0, so a packed
+  row gives each example's log-probs as a row of its own would.
+
   Returns:
     (logp_BS, entropy_BS), float32.
   """
@@ -46,13 +54,20 @@ def token_logprobs(
     if attention_mask_BS is None
     else jnp.asarray(attention_mask_BS, jnp.float32)
   )
-  hidden, _ = model.hidden_states(tokens, mask)
+  hidden, _ = model.hidden_states(
+    tokens, mask, positions_BS=positions_BS, segment_ids_BS=segment_ids_BS
+  )
   logp, entropy = _project(
     model, hidden[:, :-1], tokens[:, 1:], temperature, schedule
   )
   pad = jnp.zeros(tokens.shape[:1] + (1,), jnp.float32)
   # A padding predecessor's hidden state is meaningless: mask those too.
-  predicted = jnp.concatenate([pad, mask[:, 1:] * mask[:, :-1]], 1)
+  predicted = mask[:, 1:] * mask[:, :-1]
+  if segment_ids_BS is not None:
+    # So is one from another segment (the last token of the example before).
+    seg = jnp.asarray(segment_ids_BS, jnp.int32)
+    predicted = predicted * (seg[:, 1:] == seg[:, :-1]) * (seg[:, 1:] > 0)
+  predicted = jnp.concatenate([pad, predicted], 1)
   logp = jnp.concatenate([pad, logp], 1) * predicted
   entropy = jnp.concatenate([pad, entropy], 1) * predicted
   return logp, entropy

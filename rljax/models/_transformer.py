@@ -82,6 +82,18 @@ def positions_from_mask(attention_mask_BS: ArrayLike) -> jax.Array:
   return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
 
 
+def positions_from_segments(segment_ids_BS: ArrayLike) -> jax.Array:
+  """Position of each token within its segment (0 at a segment's first
+  token), for packed rows whose segments are contiguous runs of one id;
+  padding (id 0) counts as a segment of its own."""
+  seg = jnp.asarray(segment_ids_BS, jnp.int32)
+  index = jnp.broadcast_to(jnp.arange(seg.shape[-1]), seg.shape)
+  starts = jnp.concatenate(
+    [jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1
+  )
+  return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
 def rope_frequencies(config: ModelConfig) -> jax.Array:
   """[K/2] inverse frequencies, with Llama-3 scaling when configured."""
   k = config.head_dim
@@ -358,6 +370,22 @@ def _check_prefix(prefix, cache, rows: int) -> None:
     )
 
 
+def _check_segments(segment_ids_BS, tokens, cache, prefix) -> jax.Array:
+  """Segment ids as int32 [B, S]; only for a plain (no cache) forward."""
+  if cache is not None or prefix is not None:
+    raise ValueError(
+      "segment_ids_BS (packed rows) works only without a cache or prefix;"
+      " run packed sequences through a plain forward."
+    )
+  segments = jnp.asarray(segment_ids_BS, jnp.int32)
+  if segments.shape != tokens.shape:
+    raise ValueError(
+      f"segment_ids_BS has shape {segments.shape}; it must match tokens_BS"
+      f" {tokens.shape} (one segment id per token, 0 on padding)."
+    )
+  return segments
+
+
 def _shared_rows(prefix_mask_PS: jax.Array, rows: int) -> jax.Array:
   """[B, S] the prefix mask seen by each of `rows` query rows."""
   return jnp.repeat(prefix_mask_PS, rows // prefix_mask_PS.shape[0], axis=0)
@@ -410,6 +438,7 @@ class Transformer(nnx.Module):
     cache: Optional[KVCache | PagedCache] = None,
     cache_index: ArrayLike = 0,
     prefix: Optional[KVCache] = None,
+    segment_ids_BS: Optional[ArrayLike] = None,
   ) -> tuple[jax.Array, Optional[KVCache | PagedCache]]:
     """Final-norm hidden states [B, S, D] and the updated cache.
 
@@ -427,6 +456,12 @@ class Transformer(nnx.Module):
     length plus the real tokens before. The prefix is read, not updated
     (the returned cache is None), and gradients flow into it: the training
     forward of Prefix Grouper (`rljax.models.grouped_completion_logprobs`).
+
+    With ``segment_ids_BS`` (packed rows, no cache or prefix) a token
+    attends causally only to earlier real tokens with its own segment id;
+    id 0 is padding (never attended to, whatever the mask says). Positions
+    then default to `positions_from_segments` (restarting at 0 in each
+    segment), so each segment computes what it would alone in its own row.
     """
     c = self.config
     tokens = jnp.asarray(tokens_BS)
@@ -439,6 +474,12 @@ class Transformer(nnx.Module):
       if attention_mask_BS is None
       else jnp.asarray(attention_mask_BS, jnp.int32)
     )
+    segments = None
+    if segment_ids_BS is not None:
+      segments = _check_segments(segment_ids_BS, tokens, cache, prefix)
+      mask = mask * (segments > 0)
+      if positions_BS is None:
+        positions_BS = positions_from_segments(segments)
     paged = isinstance(cache, PagedCache)
     if positions_BS is None and prefix is not None:
       positions_BS = _positions_after(prefix.mask, mask)
@@ -477,6 +518,8 @@ class Transformer(nnx.Module):
     if not paged:
       causal = key_slots[None, :] <= query_slots[:, None]  # [S, S_keys]
       allowed = causal[None] & (key_mask[:, None, :] > 0)
+      if segments is not None:
+        allowed = allowed & (segments[:, :, None] == segments[:, None, :])
       io = _dense_io(cache_index)
     if prefix is not None:
       shared = _shared_rows(prefix.mask, b)[:, None, :] > 0

@@ -6,6 +6,7 @@ a config; `Trainer` is the same loop from Python.
 
 from rljax.training._cli import load_config
 from rljax.training._config import AlgorithmSpec
+from rljax.training._config import DataSpec
 from rljax.training._config import ModelSpec
 from rljax.training._config import OptimSpec
 from rljax.training._config import OutputSpec
@@ -29,6 +30,7 @@ from rljax.training._validate import validate
 
 __all__ = [
   "AlgorithmSpec",
+  "DataSpec",
   "ModelSpec",
   "Models",
   "OptimSpec",

@@ -1,5 +1,6 @@
 """Build a run's parts from its config: model, tokenizer, optimizer, state."""
 
+import dataclasses
 import importlib.util
 import pathlib
 import re
@@ -84,15 +85,36 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
   overrides = dict(dtype=spec.dtype, scan_unroll=spec.scan_unroll)
   if source == "smollm2" or source.startswith("gguf:"):
     path = _smollm2_path() if source == "smollm2" else source[5:]
-    return checkpoints.load_gguf(path, **overrides), tokenizer_from_gguf(path)
-  if source.startswith("hf:"):
+    model = checkpoints.load_gguf(path, **overrides)
+    tokenizer = tokenizer_from_gguf(path)
+  elif source.startswith("hf:"):
     directory = source[3:]
     model = checkpoints.load_hf(directory, **overrides)
-    return model, Tokenizer.from_hf_json(directory)
-  raise ValueError(
-    f"model.source={source!r} is not one of 'scratch', 'smollm2',"
-    " 'gguf:<path>', 'hf:<directory>'."
-  )
+    tokenizer = Tokenizer.from_hf_json(directory)
+  else:
+    raise ValueError(
+      f"model.source={source!r} is not one of 'scratch', 'smollm2',"
+      " 'gguf:<path>', 'hf:<directory>'."
+    )
+  if spec.keep_layers is not None:
+    model = keep_layers(model, spec.keep_layers)
+  return model, tokenizer
+
+
+def keep_layers(model: Transformer, n: int) -> Transformer:
+  """`model` cut to its first `n` decoder layers (embeddings, final norm and
+  head kept): a truncated student for distillation. Changes `model`."""
+  layers = model.config.num_layers
+  if not 1 <= n <= layers:
+    raise ValueError(
+      f"keep_layers={n}: the checkpoint has {layers} layers; keep between 1"
+      f" and {layers}."
+    )
+  for value in vars(model.layers).values():
+    if isinstance(value, nnx.Param):
+      value.set_value(value[...][:n])
+  model.config = dataclasses.replace(model.config, num_layers=n)
+  return model
 
 
 def value_model_like(policy: Transformer) -> ValueModel:
@@ -262,8 +284,9 @@ def place_teacher(teacher, policy: Transformer, needed: bool, mesh):
     if needed:
       raise UserError(
         "the algorithm reads a frozen model's token log-probs"
-        " (Batch.teacher_logp_PGT, or a Rescore with model='teacher'): pass"
-        " the model as Trainer(config, teacher=model)."
+        " (Batch.teacher_logp_PGT, or a Rescore with model='teacher'): set"
+        " the config's teacher (teacher=ModelSpec(source=...)) or pass the"
+        " model as Trainer(config, teacher=model)."
       )
     return None
   vocab = getattr(getattr(teacher, "config", None), "vocab_size", None)

@@ -48,7 +48,8 @@ def load_config(path: str) -> RunConfig:
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog="python -m rljax.training",
-    description="Train a policy with RL from a config file.",
+    description="Train a policy from a config file: RL, supervised"
+    " fine-tuning, preference optimisation or distillation (its kind).",
   )
   parser.add_argument("--config", required=True, help="configs/<name>.py")
   parser.add_argument(
@@ -125,10 +126,11 @@ def _main(argv) -> int:
   )
   config = validate(override(load_config(args.config), args.overrides))
   # Imported here so that --help works without initialising JAX.
-  from rljax.training._trainer import Trainer
+  from rljax import posttrain
 
   allowed = [f for item in args.allow_change for f in item.split(",") if f]
-  trainer = Trainer(config, resume=not args.fresh, allow_changes=allowed)
+  run = posttrain.run_for(config)
+  trainer = run(config, resume=not args.fresh, allow_changes=allowed)
   if args.dry_run:
     report = trainer.dry_run()
     if jax.process_index() == 0:

@@ -35,6 +35,9 @@ class ModelSpec:
   # Encode each group's shared prompt once in the training forward and
   # backward (Prefix Grouper, `rljax.models.grouped_completion_logprobs`).
   prefix_grouper: bool = False
+  # A checkpoint source keeps only its first `keep_layers` layers (a
+  # truncated student for distillation); None keeps them all.
+  keep_layers: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,9 +154,47 @@ class OutputSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
-  """Everything a training run needs."""
+class DataSpec:
+  """The data of the supervised and preference runs.
 
+  ``source``: "task" (the task's training examples: its prompt and its
+  "demonstration" or answer), "jsonl:<path>" (records, one JSON object a
+  line: chat ``messages``, ``prompt``/``completion``, pairs
+  ``prompt``/``chosen``/``rejected`` or ``label``ed completions for KTO),
+  "tfds:<name>" (a TFDS dataset already prepared under ``data_dir``, read
+  with ``split``; ``fields`` maps record keys to its feature names), or
+  "online" (preference runs: completions sampled from the current policy
+  each step and scored with the task's rewards).
+  ``max_length``: tokens per supervised example and per packed row;
+  ``packing`` packs several examples into one row (attention never
+  crosses an example); ``rows``: rows per packed block (0: as many as
+  ``train.prompts_per_step``).
+  """
+
+  source: str = "task"
+  split: str = "train"
+  data_dir: Optional[str] = None
+  fields: dict = dataclasses.field(default_factory=dict)
+  max_length: int = 64
+  packing: bool = True
+  rows: int = 0
+
+
+KINDS = ("rl", "sft", "preference")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything a training run needs.
+
+  ``kind``: "rl" (the `Trainer`), "sft" (supervised fine-tuning on
+  ``data``) or "preference" (DPO and its family, ``algorithm.name`` naming
+  the loss; offline pairs or ``data.source="online"``). ``teacher`` is a
+  frozen model the algorithm reads (on-policy distillation:
+  `rljax.algorithms.opd`; TGDPO's token reward model).
+  """
+
+  kind: str = "rl"
   model: ModelSpec = ModelSpec()
   task: TaskSpec = TaskSpec()
   sampler: SamplerSpec = SamplerSpec()
@@ -161,6 +202,13 @@ class RunConfig:
   optim: OptimSpec = OptimSpec()
   train: TrainSpec = TrainSpec()
   output: OutputSpec = OutputSpec()
+  data: DataSpec = DataSpec()
+  teacher: Optional[ModelSpec] = None  # a frozen model to distil
+
+
+# Sections that are None by default, made from their defaults when an
+# override sets one of their fields.
+_OPTIONAL_SECTIONS = {"teacher": ModelSpec}
 
 
 def _parse(text: str, current: Any) -> Any:
@@ -190,6 +238,8 @@ def _set(node: Any, path: list[str], text: str, full: str) -> Any:
       f" fields: {sorted(fields)}."
     )
   current = getattr(node, name)
+  if current is None and name in _OPTIONAL_SECTIONS and len(path) > 1:
+    current = _OPTIONAL_SECTIONS[name]()  # teacher.source=... from None
   if len(path) == 1:
     value = _parse(text, current)
     if dataclasses.is_dataclass(current) or (

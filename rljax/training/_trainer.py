@@ -243,6 +243,17 @@ class Trainer:
     training set, ``sampler.num_samples`` each); its state is checkpointed.
   """
 
+  # Metrics the progress bar and the learning-curve plot show.
+  PROGRESS_KEYS = PROGRESS_KEYS
+  PLOT_KEYS = (
+    "reward",
+    "accuracy",
+    "eval_accuracy",
+    "kl",
+    "entropy",
+    "response_length",
+  )
+
   def __init__(
     self,
     config: RunConfig,
@@ -315,20 +326,12 @@ class Trainer:
     model, self.tokenizer = _from_config(
       "model", _build.build_policy, c.model, self.task.alphabet, c.train.seed
     )
-    self.algorithm = algorithm or _from_config(
-      "algorithm", algorithms.get, c.algorithm.name, **c.algorithm.kwargs
-    )
-    self.needs = {
-      f: _build.needs_field(self.algorithm, f)
-      for f in (
-        "ref_logp_PGT",
-        "old_logp_PGT",
-        "old_values_PGT",
-        "old_entropy_PGT",
-        "baseline_rewards_P",
-        "teacher_logp_PGT",
+    self.algorithm = algorithm or self._algorithm_from_config()
+    self.needs = self._needs()
+    if teacher is None and c.teacher is not None:
+      teacher, _ = _from_config(
+        "teacher", _build.build_policy, c.teacher, self.task.alphabet, 0
       )
-    }
     # A stage's own log-prob passes (`rljax.Rescore`) may need a model too.
     rescored = {r.model for r in self.algorithm.rescores}
     self.teacher = _build.place_teacher(
@@ -427,6 +430,25 @@ class Trainer:
         self.algorithm.prepare(batch, s, key=key)[0]
       )
     )
+
+  def _algorithm_from_config(self) -> Algorithm:
+    """The config's algorithm preset (post-training runs: their objective)."""
+    c = self.config.algorithm
+    return _from_config("algorithm", algorithms.get, c.name, **c.kwargs)
+
+  def _needs(self) -> dict[str, bool]:
+    """Which batch fields the algorithm reads (and so which passes run)."""
+    return {
+      f: _build.needs_field(self.algorithm, f)
+      for f in (
+        "ref_logp_PGT",
+        "old_logp_PGT",
+        "old_values_PGT",
+        "old_entropy_PGT",
+        "baseline_rewards_P",
+        "teacher_logp_PGT",
+      )
+    }
 
   def _clear_previous_run(self, checkpoints) -> None:
     """``resume=False`` (``--fresh``): move a previous run aside so that the
@@ -1128,7 +1150,7 @@ class Trainer:
     before = self.evaluate()
     logger.log(self.start_step, before)
     bar = monitoring.ProgressBar(
-      total=end, initial=self.start_step, keys=PROGRESS_KEYS
+      total=end, initial=self.start_step, keys=self.PROGRESS_KEYS
     )
     history = []
     for step in range(self.start_step, end):
@@ -1153,14 +1175,7 @@ class Trainer:
       plot = monitoring.plot_learning_curves(
         self.directory / "metrics.jsonl",
         self.directory / "learning_curves.png",
-        keys=(
-          "reward",
-          "accuracy",
-          "eval_accuracy",
-          "kl",
-          "entropy",
-          "response_length",
-        ),
+        keys=self.PLOT_KEYS,
       )
     self.start_step = end
     return {"before": before, "after": after, "history": history, "plot": plot}

@@ -13,6 +13,8 @@ from typing import Any
 
 from rljax import selection
 from rljax._src.errors import UserError
+from rljax.training._config import KINDS
+from rljax.training._config import AlgorithmSpec
 from rljax.training._config import RunConfig
 
 _SOURCES = "'scratch', 'smollm2', 'gguf:<path>' or 'hf:<directory>'"
@@ -57,11 +59,11 @@ def _in(field: str, value: Any, low: float, high: float, closed: str) -> None:
     _fail(field, value, f"must be in {left}{low}, {high}{right}")
 
 
-def _model(m) -> None:
+def _model(m, section: str = "model") -> None:
   if not isinstance(m.source, str) or not (
     m.source in ("scratch", "smollm2") or m.source.startswith(("gguf:", "hf:"))
   ):
-    _fail("model.source", m.source, f"must be one of {_SOURCES}")
+    _fail(f"{section}.source", m.source, f"must be one of {_SOURCES}")
   for name in (
     "hidden_size",
     "num_layers",
@@ -71,27 +73,36 @@ def _model(m) -> None:
     "max_position_embeddings",
     "scan_unroll",
   ):
-    _int(f"model.{name}", getattr(m, name), 1)
+    _int(f"{section}.{name}", getattr(m, name), 1)
   if m.hidden_size % m.num_heads:
     _fail(
-      "model.hidden_size",
+      f"{section}.hidden_size",
       m.hidden_size,
-      f"must be a multiple of model.num_heads={m.num_heads}",
+      f"must be a multiple of {section}.num_heads={m.num_heads}",
     )
   if m.num_heads % m.num_kv_heads:
     _fail(
-      "model.num_kv_heads",
+      f"{section}.num_kv_heads",
       m.num_kv_heads,
-      f"must divide model.num_heads={m.num_heads} (grouped-query attention)",
+      f"must divide {section}.num_heads={m.num_heads} (grouped-query attention)",
     )
   if m.dtype not in _DTYPES:
-    _fail("model.dtype", m.dtype, f"must be one of {_DTYPES}")
+    _fail(f"{section}.dtype", m.dtype, f"must be one of {_DTYPES}")
   if m.logprob_schedule not in _SCHEDULES:
     _fail(
-      "model.logprob_schedule",
+      f"{section}.logprob_schedule",
       m.logprob_schedule,
       f"must be one of {_SCHEDULES}",
     )
+  if m.keep_layers is not None:
+    _int(f"{section}.keep_layers", m.keep_layers, 1, "None keeps every layer.")
+    if m.source == "scratch":
+      _fail(
+        f"{section}.keep_layers",
+        m.keep_layers,
+        f"truncates a checkpoint, but {section}.source='scratch'",
+        f"Set {section}.num_layers for a scratch model.",
+      )
 
 
 def _task(t) -> None:
@@ -238,6 +249,49 @@ def _output(o) -> None:
   _int("output.rollouts_every", o.rollouts_every, 0, "0 turns them off.")
 
 
+def _data(d) -> None:
+  source = d.source
+  if not isinstance(source, str) or not (
+    source in ("task", "online") or source.startswith(("jsonl:", "tfds:"))
+  ):
+    _fail(
+      "data.source",
+      source,
+      "must be 'task', 'online', 'jsonl:<path>' or 'tfds:<name>'",
+    )
+  if not isinstance(d.fields, dict):
+    _fail("data.fields", d.fields, "must be a dict (record key -> feature)")
+  _int("data.max_length", d.max_length, 2)
+  _int("data.rows", d.rows, 0, "0 takes train.prompts_per_step.")
+
+
+def _kind(config) -> None:
+  kind = config.kind
+  if kind not in KINDS:
+    _fail("kind", kind, f"must be one of {KINDS}")
+  if kind == "sft" and config.algorithm != AlgorithmSpec():
+    _fail(
+      "algorithm",
+      config.algorithm,
+      "a supervised run (kind='sft') has no algorithm",
+      "Drop the algorithm section, or set kind='rl' or 'preference'.",
+    )
+  if kind == "rl" and config.data.source == "online":
+    _fail(
+      "data.source",
+      "online",
+      "is for preference runs",
+      "An RL run always samples online; drop data.source.",
+    )
+  if kind == "sft" and config.data.source == "online":
+    _fail(
+      "data.source",
+      "online",
+      "a supervised run trains on given data",
+      "Use 'task', 'jsonl:<path>' or 'tfds:<name>'.",
+    )
+
+
 def validate(config: RunConfig) -> RunConfig:
   """Raise `UserError` at the first bad setting of `config`; return it.
 
@@ -262,4 +316,8 @@ def validate(config: RunConfig) -> RunConfig:
   _optim(config.optim)
   _train(config.train)
   _output(config.output)
+  _data(config.data)
+  if config.teacher is not None:
+    _model(config.teacher, "teacher")
+  _kind(config)
   return config

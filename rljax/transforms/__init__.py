@@ -29,6 +29,8 @@ from rljax.transforms._budgets import hbpo_advantages
 from rljax.transforms._budgets import hbpo_budget_reward
 from rljax.transforms._budgets import hbpo_reward
 from rljax.transforms._budgets import hbpo_rewards
+from rljax.transforms._distill import opd_advantages
+from rljax.transforms._distill import opd_token_advantages
 from rljax.transforms._entropy import AresState
 from rljax.transforms._entropy import D3SState
 from rljax.transforms._entropy import ares_entropy_shaping
@@ -255,6 +257,8 @@ __all__ = [
   "mask_flagged_positives",
   "mask_truncated",
   "mvar_advantages",
+  "opd_advantages",
+  "opd_token_advantages",
   "opo_advantages",
   "overlong_penalty",
   "p_grpo_rewards",

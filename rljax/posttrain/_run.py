@@ -1,0 +1,268 @@
+"""What the post-training runs share with the RL `Trainer`, and their update.
+
+A post-training run is a `Trainer` whose step is its own: the mesh, the
+policy and tokenizer, the task's evaluation, checkpoints (the data position
+is the prompt sampler's state, over the run's records), the run lock,
+logging, the progress bar, plots and the CLI are the Trainer's. Its
+objective is a sum over examples (or tokens) whose gradient is accumulated
+over blocks of a fixed shape and divided by the global count once, so the
+update is the same however the examples are split into blocks, packed into
+rows or sharded.
+"""
+
+from collections.abc import Callable, Sequence
+import dataclasses
+import functools
+import time
+from typing import Any, Optional
+
+from flax import nnx
+import grain
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import numpy as np
+
+from rljax import aggregate
+from rljax import checkpoints
+from rljax import sharding
+from rljax import tasks
+from rljax._src.base import Algorithm
+from rljax._src.base import Mean
+from rljax._src.base import chain
+from rljax._src.errors import UserError
+from rljax.posttrain import _data
+from rljax.training import _hosts
+from rljax.training._config import RunConfig
+from rljax.training._step import all_finite
+from rljax.training._trainer import Trainer
+from rljax.training._trainer import _from_config
+from rljax.training._validate import validate
+
+# Post-training runs take no RL algorithm: their objective is their own.
+NO_ALGORITHM = Algorithm(chain(), aggregate.token_mean)
+
+
+def records(data, task: tasks.Task) -> list[dict]:
+  """The records ``data`` (a `DataSpec`) names; ``"online"``: the task's
+  training examples (prompts to sample from)."""
+  source = data.source
+  if source in ("task", "online"):
+    if source == "online":
+      return [dict(e) for e in task.train]
+    return _data.task_records(task, data.split)
+  if source.startswith("jsonl:"):
+    return _data.read_jsonl(source[len("jsonl:") :])
+  return _data.tfds_records(
+    source[len("tfds:") :],
+    split=data.split,
+    data_dir=data.data_dir,
+    fields=data.fields or None,
+  )
+
+
+class PostTrainer(Trainer):
+  """The base of the post-training runs (`SFTRun`, `PreferenceRun`,
+  `DistillRun`); see `rljax.training.Trainer` for the arguments they share.
+
+  ``records``: the training records in code (dicts, see `rljax.posttrain`)
+  instead of those ``config.data`` names. Subclasses implement `step`.
+  """
+
+  KIND = ""
+  PLOT_KEYS = ("loss", "eval_accuracy")
+
+  def __init__(
+    self,
+    config: RunConfig,
+    *,
+    records: Optional[Sequence[dict]] = None,
+    task: Optional[tasks.Task] = None,
+    **kwargs,
+  ):
+    config = validate(config)
+    if config.kind != self.KIND:
+      raise UserError(
+        f"kind={config.kind!r}, but {type(self).__name__} runs"
+        f" kind={self.KIND!r}; use rljax.posttrain.run_for(config)."
+      )
+    task = task or _from_config(
+      "task", tasks.get, config.task.name, **config.task.kwargs
+    )
+    if records is None:
+      records = _from_config("data", globals()["records"], config.data, task)
+    records = list(records)
+    if not records:
+      raise UserError(f"data.source={config.data.source!r} holds no records.")
+    self.records = records
+    # The run's records are the "training set" the prompt sampler walks, so
+    # the data position is checkpointed and a resume is exact.
+    task = dataclasses.replace(task, train=grain.MapDataset.source(records))
+    super().__init__(config, algorithm=NO_ALGORITHM, task=task, **kwargs)
+    self._grads = {}
+
+  def _needs(self) -> dict[str, bool]:
+    needs = dict.fromkeys(super()._needs(), False)
+    needs["ref_logp_PGT"] = self._uses_reference()
+    needs["teacher_logp_PGT"] = self._uses_teacher()
+    return needs
+
+  def _uses_reference(self) -> bool:
+    return False
+
+  def _uses_teacher(self) -> bool:
+    return False
+
+  def _next_records(self, step: int) -> tuple[np.ndarray, list[dict]]:
+    """The step's global batch of record ids and records."""
+    chosen, self.prompt_state = self.prompt_sampler.select(
+      self.prompt_state, step, self.config.train.prompts_per_step
+    )
+    ids = np.asarray(chosen.prompt_ids)
+    return ids, [self.task.train[int(i)] for i in ids]
+
+  def _block_rows(self) -> int:
+    """Rows of each block (a multiple of the mesh's batch shards)."""
+    rows = self.config.data.rows or self.config.train.prompts_per_step
+    try:
+      sharding.check_batch("data.rows", rows, self.mesh)
+    except ValueError as e:
+      raise UserError(str(e)) from e
+    return rows
+
+  def _global_block(self, block) -> Any:
+    """A global block (every leaf [rows, ...]) from the full host copy that
+    every process holds: each takes its own rows."""
+    rows = jax.tree.leaves(block)[0].shape[0]
+    own = _hosts.own_rows(self.mesh, rows)
+    return _hosts.to_global(
+      jax.tree.map(lambda x: np.asarray(x)[own], block), self.mesh, rows
+    )
+
+  # --- the update ----------------------------------------------------------
+
+  def _sums(self, name: str, objective: Callable):
+    """Jitted ``(params, frozen, block) -> ((loss_sum, metrics), grads)`` of
+    ``objective(model, frozen, block) -> (loss_sum, {name: Mean})``, where
+    ``frozen`` holds models the objective reads without training them (a
+    teacher's weights, or None)."""
+    if name not in self._grads:
+      graphdef = self.models.policy
+
+      def total(params, frozen, block):
+        return objective(nnx.merge(graphdef, params), frozen, block)
+
+      self._grads[name] = jax.jit(jax.value_and_grad(total, has_aux=True))
+    return self._grads[name]
+
+  def _accumulate(self, name, objective, frozen, blocks) -> tuple:
+    """Summed gradients, loss sum and metrics over `blocks`."""
+    grad_fn = self._sums(name, objective)
+    params = self.state.policy.params
+    total = grads = metrics = None
+    add = functools.partial(jax.tree.map, jnp.add)
+    for block in blocks:
+      (loss, parts), g = grad_fn(params, frozen, self._global_block(block))
+      if grads is None:
+        total, grads, metrics = loss, g, parts
+      else:
+        total, grads, metrics = total + loss, add(grads, g), add(metrics, parts)
+    return total, grads, metrics
+
+  def _apply(self, grads, total, count) -> dict[str, float]:
+    """One optimizer step on ``grads / count`` (the mean over the global
+    batch); skipped, and flagged, when anything is not finite."""
+    if "apply" not in self._grads:
+      optimizer = self.models.optimizer
+
+      def apply(state, grads, total, count):
+        policy = state.policy
+        grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
+        updates, opt_state = optimizer.update(
+          grads, policy.opt_state, policy.params
+        )
+        params = jax.tree.map(jnp.add, policy.params, updates)
+        loss_ok = jnp.isfinite(total)
+        grads_ok = all_finite(grads)
+        params_ok = all_finite(params)
+        ok = loss_ok & grads_ok & params_ok
+        new = policy._replace(
+          params=params, opt_state=opt_state, step=policy.step + 1
+        )
+        new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, policy)
+        flags = {
+          "nonfinite_loss": ~loss_ok,
+          "nonfinite_grads": ~grads_ok,
+          "nonfinite_params": ~params_ok,
+          "skipped_updates": ~ok,
+        }
+        return state._replace(policy=new), {
+          k: v.astype(jnp.float32) for k, v in flags.items()
+        }
+
+      self._grads["apply"] = jax.jit(
+        apply,
+        in_shardings=(self.shardings, None, None, None),
+        out_shardings=(self.shardings, None),
+        donate_argnums=0,
+      )
+    self.state, flags = self._grads["apply"](
+      self.state, grads, total, jnp.float32(count)
+    )
+    return {k: float(v) for k, v in jax.device_get(flags).items()}
+
+  def _finish(self, step, start, total, count, metrics, flags) -> dict:
+    """The step's metrics as floats, after the non-finite policy."""
+    out = {
+      k: float(v.value)
+      for k, v in jax.device_get(metrics).items()
+      if isinstance(v, Mean)
+    }
+    out["loss"] = float(total) / max(float(count), 1.0)
+    out.update(flags)
+    self._check_finite(step, out)
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+  # --- what the RL loop does differently ------------------------------------
+
+  def run(self, *, steps: Optional[int] = None) -> dict[str, Any]:
+    """`Trainer.run`, then the trained policy exported to
+    ``<output.directory>/model`` (HF safetensors and tokenizer): the next
+    run of a pipeline loads it with ``model.source="hf:<that directory>"``
+    (SFT, then preference optimisation or RL)."""
+    summary = super().run(steps=steps)
+    summary["model"] = self.export(self.directory / "model")
+    return summary
+
+  def export(self, directory) -> str:
+    """Write the current policy and tokenizer to `directory` (process 0;
+    every process takes part in gathering the weights)."""
+    params = jax.tree.map(
+      lambda x: (
+        x
+        if getattr(x, "is_fully_addressable", True)
+        else multihost_utils.process_allgather(x, tiled=True)
+      ),
+      self.state.policy.params,
+    )
+    if self._writer:
+      model = nnx.merge(self.models.policy, jax.device_get(params))
+      checkpoints.save_hf(model, directory)
+      self.tokenizer.save(directory)
+    return str(directory)
+
+  def _write_rollouts(self, writer, step: int) -> None:
+    """Offline runs sample nothing to write."""
+
+  def dry_run(self) -> dict[str, Any]:
+    """One step at the run's shapes (compile included), timed."""
+    start = time.perf_counter()
+    metrics = self.step(self.start_step)
+    return {
+      "step_seconds_with_compile": round(time.perf_counter() - start, 2),
+      "parameters": int(
+        sum(x.size for x in jax.tree.leaves(self.state.policy.params))
+      ),
+      "metrics": metrics,
+    }

@@ -1,0 +1,225 @@
+"""The post-training runs end to end on a tiny scratch model: SFT (packing,
+exact resume, export), offline and online preference runs (the reference
+cache, KTO), the CLI and dry run of each kind."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from rljax import posttrain
+from rljax._src.errors import UserError
+from rljax.training import AlgorithmSpec
+from rljax.training import DataSpec
+from rljax.training import ModelSpec
+from rljax.training import OptimSpec
+from rljax.training import OutputSpec
+from rljax.training import RunConfig
+from rljax.training import SamplerSpec
+from rljax.training import TaskSpec
+from rljax.training import TrainSpec
+from rljax.training import _cli
+
+
+def _config(tmp_path, kind="sft", **sections) -> RunConfig:
+  config = RunConfig(
+    kind=kind,
+    model=ModelSpec(
+      hidden_size=32,
+      num_layers=1,
+      num_heads=2,
+      num_kv_heads=1,
+      intermediate_size=64,
+      max_position_embeddings=32,
+    ),
+    task=TaskSpec(
+      name="arithmetic",
+      kwargs={"digits": 1, "prompt_style": "bare"},
+      max_prompt_tokens=6,
+    ),
+    sampler=SamplerSpec(num_samples=4, max_new_tokens=4),
+    optim=OptimSpec(learning_rate=1e-2),
+    train=TrainSpec(steps=2, prompts_per_step=16, eval_prompts=8),
+    data=DataSpec(source="task", max_length=24, rows=8),
+    output=OutputSpec(
+      directory=str(tmp_path / "run"),
+      rollouts_every=0,
+      tensorboard=False,
+      plot=False,
+    ),
+  )
+  return dataclasses.replace(config, **sections)
+
+
+def _params(run):
+  return [np.asarray(x) for x in jax.tree.leaves(run.state.policy.params)]
+
+
+def test_packing_changes_the_cost_not_the_update(tmp_path):
+  packed = posttrain.SFTRun(_config(tmp_path))
+  padded_config = _config(tmp_path / "b")
+  padded_config = dataclasses.replace(
+    padded_config,
+    data=dataclasses.replace(padded_config.data, packing=False),
+  )
+  padded = posttrain.SFTRun(padded_config)
+  a, b = packed.step(0), padded.step(0)
+  assert a["blocks"] < b["blocks"]  # 16 examples in 1 block, not 2
+  assert a["packing_efficiency"] > b["packing_efficiency"]
+  np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+  assert a["tokens"] == b["tokens"] > 0
+  for x, y in zip(_params(packed), _params(padded)):
+    np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-6)
+
+
+def test_sft_learns_and_resumes_exactly(tmp_path):
+  config = _config(tmp_path)
+  config = dataclasses.replace(
+    config,
+    train=dataclasses.replace(config.train, steps=4),
+    output=dataclasses.replace(config.output, checkpoint_every=1),
+  )
+  whole = posttrain.SFTRun(config, resume=False)
+  summary = whole.run()
+  losses = [h["loss"] for h in summary["history"]]
+  assert losses[-1] < losses[0]
+  # The exported model loads as a checkpoint source.
+  assert (tmp_path / "run" / "model" / "config.json").exists()
+  half = dataclasses.replace(
+    config,
+    output=dataclasses.replace(config.output, directory=str(tmp_path / "half")),
+  )
+  first = posttrain.SFTRun(half, resume=False)
+  first.run(steps=2)
+  first.checkpointer.close()
+  second = posttrain.SFTRun(half)
+  assert second.start_step == 2
+  second.run()
+  for x, y in zip(_params(whole), _params(second)):
+    np.testing.assert_array_equal(x, y)
+
+
+def _pairs(n=32):
+  """Right answers against wrong ones, for 1-digit sums."""
+  out = []
+  for i in range(n):
+    a, b = i % 10, (3 * i) % 10
+    out.append(
+      {"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)}
+    )
+  return out
+
+
+def test_dpo_offline_caches_the_reference(tmp_path):
+  config = _config(
+    tmp_path,
+    kind="preference",
+    algorithm=AlgorithmSpec(name="dpo", kwargs={"beta": 0.5}),
+  )
+  run = posttrain.PreferenceRun(config, records=_pairs())
+  before = run.evaluate_pairs(_pairs(8))
+  out = [run.step(s) for s in range(4)]
+  assert all(np.isfinite(m["loss"]) for m in out)
+  assert out[0]["loss"] == pytest.approx(np.log(2.0), abs=1e-4)
+  assert len(run.ref_cache) == 32  # 4 steps x 16 pairs: every record
+  ids = np.array(sorted(run.ref_cache))
+  block, _ = run._offline_block(ids[:8], [run.records[i] for i in ids[:8]])
+  # The cache holds what the frozen reference gives now.
+  fresh = run.reference_logps(block.tokens_PGL, block.mask_PGL)
+  np.testing.assert_allclose(block.ref_logp_PG, fresh, rtol=1e-6)
+  after = run.evaluate_pairs(_pairs(8))
+  assert before["eval_reward_accuracy"] == 0.0  # no margin yet
+  assert after["eval_reward_margin"] > before["eval_reward_margin"]
+
+
+@pytest.mark.parametrize("loss", ["ipo", "simpo", "orpo", "cpo", "robust_dpo"])
+def test_each_paired_loss_trains(tmp_path, loss):
+  kwargs = {"label_smoothing": 0.1} if loss == "robust_dpo" else {}
+  config = _config(
+    tmp_path, kind="preference", algorithm=AlgorithmSpec(loss, kwargs)
+  )
+  run = posttrain.PreferenceRun(config, records=_pairs(16))
+  assert run.state.reference is not None or loss in ("simpo", "orpo", "cpo")
+  metrics = run.step(0)
+  assert np.isfinite(metrics["loss"]) and metrics["pairs"] == 16
+
+
+def test_kto_on_unbalanced_unpaired_records(tmp_path):
+  records = [
+    {"prompt": r["prompt"], "completion": r[key], "label": key == "chosen"}
+    for r in _pairs(16)
+    for key in ("chosen", "chosen", "chosen", "rejected")
+  ]
+  config = _config(
+    tmp_path,
+    kind="preference",
+    algorithm=AlgorithmSpec("kto", {"undesirable_weight": 2.5}),
+  )
+  run = posttrain.PreferenceRun(config, records=records)
+  metrics = run.step(0)
+  assert np.isfinite(metrics["loss"]) and metrics["kl_reference_point"] >= 0
+
+
+def test_online_dpo_samples_and_pairs(tmp_path):
+  config = _config(
+    tmp_path,
+    kind="preference",
+    algorithm=AlgorithmSpec("dpo", {"min_margin": 0.5}),
+    data=DataSpec(source="online"),
+  )
+  run = posttrain.PreferenceRun(config)
+  metrics = run.step(0)
+  assert 0.0 <= metrics["pairs_kept"] <= 1.0
+  assert metrics["pairs"] == metrics["pairs_kept"] * 16
+
+
+def test_bad_preference_data_is_one_line(tmp_path):
+  config = _config(tmp_path, kind="preference", algorithm=AlgorithmSpec("dpo"))
+  with pytest.raises(UserError, match="trains on pair records"):
+    posttrain.PreferenceRun(
+      config, records=[{"prompt": "1+1=", "completion": "2"}]
+    )
+  bad = _config(tmp_path, kind="preference", algorithm=AlgorithmSpec("nope"))
+  with pytest.raises(UserError, match="algorithm.name='nope'"):
+    posttrain.PreferenceRun(bad, records=_pairs())
+
+
+def test_cli_runs_and_dry_runs_each_kind(tmp_path, capsys):
+  pairs = tmp_path / "pairs.jsonl"
+  pairs.write_text("".join(json.dumps(r) + "\n" for r in _pairs()))
+  file = tmp_path / "cfg.py"
+  file.write_text(
+    "from rljax.training import RunConfig\n"
+    "def get_config():\n  return RunConfig()\n"
+  )
+  common = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+    "task.kwargs={'digits': 1, 'prompt_style': 'bare'}",
+    "task.max_prompt_tokens=6",
+    "sampler.num_samples=2",
+    "sampler.max_new_tokens=4",
+    "train.prompts_per_step=8",
+    "train.eval_prompts=8",
+    "train.steps=1",
+    "data.rows=8",
+    "output.tensorboard=False",
+    "output.plot=False",
+  ]
+  for kind, extra in [
+    ("sft", []),
+    ("preference", ["algorithm.name=dpo", f"data.source=jsonl:{pairs}"]),
+  ]:
+    args = ["--config", str(file), f"kind={kind}", *common, *extra]
+    out = str(tmp_path / kind)
+    assert _cli.main([*args, f"output.directory={out}", "--dry_run"]) == 0
+    assert '"step_seconds_with_compile"' in capsys.readouterr().out
+    assert _cli.main([*args, f"output.directory={out}x"]) == 0
+    assert "eval accuracy" in capsys.readouterr().out
+  assert _cli.main(["--config", str(file), "kind=nope"]) == 2
+  assert "kind='nope'" in capsys.readouterr().err
