@@ -269,6 +269,11 @@ class Trainer:
     allow_changes: Sequence[str] = (),
   ):
     self.config = c = validate(config)
+    if type(self) is Trainer and c.kind != "rl":
+      raise UserError(
+        f"kind={c.kind!r} is not an RL run: build it with"
+        " rljax.posttrain.run_for(config)(config) (the CLI does)."
+      )
     self.mesh = _mesh(c.train.mesh)
     _check_sizes(c, self.mesh)
     self.allow_changes = (*RESUMABLE_CHANGES, *allow_changes)

@@ -276,6 +276,13 @@ def _kind(config) -> None:
       "a supervised run (kind='sft') has no algorithm",
       "Drop the algorithm section, or set kind='rl' or 'preference'.",
     )
+  if kind != "rl" and config.train.warm_start_steps:
+    _fail(
+      "train.warm_start_steps",
+      config.train.warm_start_steps,
+      f"is the RL runs' supervised warm start; a {kind} run takes none",
+      "Set it to 0 (an SFT run is the supervised training itself).",
+    )
   if kind == "rl" and config.data.source == "online":
     _fail(
       "data.source",

@@ -74,11 +74,24 @@ MECHANISM_CONFIGS = {
   "agent_calculator": "grpo",
   "agent_python": "grpo",
   "arpo": "episode_grpo",
+  "sft_grpo": "grpo",  # RL from the SFT run's model
+  "opd": "opd_grpo",
+}
+# Post-training runs (`rljax.posttrain`): their kind and objective.
+POSTTRAIN_CONFIGS = {
+  "sft": ("sft", "grpo"),  # no algorithm: the section's default
+  "dpo": ("preference", "dpo"),
+  "online_dpo": ("preference", "dpo"),
 }
 
 
 def test_one_config_per_preset():
-  presets = set(PRESET_CONFIGS) - {"smollm2_grpo"} - set(MECHANISM_CONFIGS)
+  presets = (
+    set(PRESET_CONFIGS)
+    - {"smollm2_grpo"}
+    - set(MECHANISM_CONFIGS)
+    - set(POSTTRAIN_CONFIGS)
+  )
   assert presets == {
     "grpo",
     "dapo",
@@ -108,6 +121,9 @@ def test_one_config_per_preset():
   }
   for name in PRESET_CONFIGS:
     config = load_config(CONFIGS / f"{name}.py")
+    if name in POSTTRAIN_CONFIGS:
+      assert (config.kind, config.algorithm.name) == POSTTRAIN_CONFIGS[name]
+      continue
     want = MECHANISM_CONFIGS.get(name, name.removeprefix("smollm2_"))
     assert config.algorithm.name == want
     # valid hyperparameters, prompt sampler and group strategy

@@ -1,0 +1,39 @@
+"""DPO on 2-digit addition: the policy configs/sft.py trained, on preference
+pairs built offline from the task's reward (the best against the worst of
+its own samples of each training prompt, `rljax.posttrain.sample_pairs`;
+experiments/dpo_demo.py writes them to runs/pairs.jsonl). Other losses:
+algorithm.name=ipo, robust_dpo, simpo, orpo, cpo, kto (labelled records),
+tgdpo (with a teacher as the token reward model).
+
+python -m rljax.training --config configs/sft.py
+python experiments/dpo_demo.py          # pairs, then this run, measured
+"""
+
+import dataclasses
+
+from _arithmetic import base
+
+from rljax.training import AlgorithmSpec
+from rljax.training import DataSpec
+from rljax.training import OptimSpec
+from rljax.training import OutputSpec
+
+
+def get_config():
+  config = base("grpo")
+  return dataclasses.replace(
+    config,
+    kind="preference",
+    model=dataclasses.replace(config.model, source="hf:runs/sft/model"),
+    algorithm=AlgorithmSpec(name="dpo", kwargs={"beta": 0.1}),
+    data=DataSpec(source="jsonl:runs/pairs.jsonl"),
+    optim=OptimSpec(learning_rate=1e-4, grad_clip=1.0),
+    train=dataclasses.replace(
+      config.train,
+      steps=100,
+      prompts_per_step=64,
+      warm_start_steps=0,
+      eval_every=25,
+    ),
+    output=OutputSpec(directory="runs/dpo", rollouts_every=0),
+  )
