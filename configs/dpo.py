@@ -25,9 +25,11 @@ def get_config():
     config,
     kind="preference",
     model=dataclasses.replace(config.model, source="hf:runs/sft/model"),
-    algorithm=AlgorithmSpec(name="dpo", kwargs={"beta": 0.1}),
+    # beta 0.5, lr 2e-5: with beta 0.1 (or lr 1e-4) held-out reward accuracy
+    # rises as much but greedy task accuracy falls (81.6% -> 53%, measured).
+    algorithm=AlgorithmSpec(name="dpo", kwargs={"beta": 0.5}),
     data=DataSpec(source="jsonl:runs/pairs.jsonl"),
-    optim=OptimSpec(learning_rate=1e-4, grad_clip=1.0),
+    optim=OptimSpec(learning_rate=2e-5, grad_clip=1.0),
     train=dataclasses.replace(
       config.train,
       steps=100,

@@ -14,6 +14,7 @@ Around them (import them by name, e.g. ``from rljax import models``):
   models, checkpoints, tokenizers, sampling, sharding      (the policy)
   rewards, tasks, sandbox                                  (what it learns)
   training, checkpointing, monitoring                      (the RL loop)
+  posttrain (SFT, preference runs), envs, tools, rollouts  (beside it)
 """
 
 from rljax import advantages

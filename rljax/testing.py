@@ -100,7 +100,8 @@ def tiny_run_config(path, directory, *overrides: str):
   from rljax.training import load_config
   from rljax.training import override
 
-  return override(
-    load_config(path),
-    [*TINY_RUN, f"output.directory={directory}", *overrides],
-  )
+  config = load_config(path)
+  tiny = TINY_RUN
+  if config.kind != "rl":  # no warm start before a post-training run
+    tiny = tuple(t for t in TINY_RUN if not t.startswith("train.warm_start"))
+  return override(config, [*tiny, f"output.directory={directory}", *overrides])

@@ -1,6 +1,7 @@
 """Post-training runs beside RL: supervised fine-tuning, preference
-optimisation (offline and online), with their data (on-policy
-distillation is an RL algorithm: `rljax.algorithms.opd`).
+optimisation (offline and online) and distillation (GKD), with their data
+(on-policy distillation with a reward is the RL preset
+`rljax.algorithms.opd`).
 
 ``python -m rljax.training --config configs/sft.py`` runs any kind (the
 config's ``kind``); `run_for` picks the class from Python. Each run is a
@@ -16,6 +17,8 @@ from rljax.posttrain._data import read_jsonl
 from rljax.posttrain._data import record_kind
 from rljax.posttrain._data import task_records
 from rljax.posttrain._data import tfds_records
+from rljax.posttrain._distill import DistillRun
+from rljax.posttrain._distill import gkd_objective
 from rljax.posttrain._encode import Encoded
 from rljax.posttrain._encode import encode_prompt_completion
 from rljax.posttrain._encode import encode_supervised
@@ -37,11 +40,12 @@ from rljax.posttrain._packing import pad
 from rljax.posttrain._pairs import LOSSES as PREFERENCE_LOSSES
 from rljax.posttrain._pairs import PreferenceRun
 from rljax.posttrain._pairs import pair_objective
+from rljax.posttrain._pairs import sample_pairs
 from rljax.posttrain._run import PostTrainer
 from rljax.posttrain._sft import SFTRun
 from rljax.posttrain._sft import sft_loss
 
-RUNS = {"sft": SFTRun, "preference": PreferenceRun}
+RUNS = {"sft": SFTRun, "preference": PreferenceRun, "distill": DistillRun}
 
 
 def run_for(config):
@@ -54,6 +58,7 @@ def run_for(config):
 __all__ = [
   "C3POLoss",
   "CodeTestScores",
+  "DistillRun",
   "Encoded",
   "PREFERENCE_LOSSES",
   "Packed",
@@ -71,6 +76,7 @@ __all__ = [
   "dno_win_rates",
   "encode_prompt_completion",
   "encode_supervised",
+  "gkd_objective",
   "pack",
   "packing_efficiency",
   "pad",
@@ -78,6 +84,7 @@ __all__ = [
   "read_jsonl",
   "record_kind",
   "run_for",
+  "sample_pairs",
   "sft_loss",
   "step_advantages",
   "task_records",

@@ -15,7 +15,6 @@ from typing import NamedTuple
 
 from flax import nnx
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
@@ -27,6 +26,8 @@ from rljax.posttrain import _encode
 from rljax.posttrain import _mechanisms
 from rljax.posttrain._mechanisms import best_worst_pairs
 from rljax.posttrain._run import PostTrainer
+from rljax.posttrain._run import gather
+from rljax.posttrain._run import layout
 from rljax.training import _hosts
 from rljax.training import _rollout
 from rljax.training._step import Sequences
@@ -47,10 +48,13 @@ class PairBlock(NamedTuple):
   label_P: np.ndarray  # f32 [P]: KTO's desirable flag (1 for pairs)
 
 
-def pair_objective(name: str, kwargs: dict, width: int, schedule: str):
+def pair_objective(
+  name: str, kwargs: dict, width: int, schedule: str, graphs=None
+):
   """``objective(model, frozen, block) -> (loss sum, metrics)`` of the
-  preference loss `name` (one of `LOSSES`) with `kwargs`; ``frozen`` holds
-  TGDPO's token reward model and reference (graphdef, params) pairs."""
+  preference loss `name` (one of `LOSSES`) with `kwargs`; for TGDPO
+  ``frozen`` holds the weights of its token reward model and reference,
+  `graphs` their graph definitions."""
   kwargs = dict(kwargs)
   average = bool(kwargs.pop("average", False))  # IPO as TRL: mean log-probs
 
@@ -81,7 +85,7 @@ def pair_objective(name: str, kwargs: dict, width: int, schedule: str):
         total[:, 0], total[:, 1], chosen_length=length[:, 0], **kwargs
       )
     elif name == "tgdpo":
-      (rm_graph, rm), (ref_graph, ref_params) = frozen
+      (rm, ref_params), (rm_graph, ref_graph) = frozen, graphs
       rm_logp = completion_logprobs(
         nnx.merge(rm_graph, rm), seqs, width, temperature=1.0, schedule=schedule
       )[0]
@@ -198,27 +202,6 @@ class PreferenceRun(PostTrainer):
 
   # --- data -----------------------------------------------------------------
 
-  def _layout(self, prompts, chosen, rejected) -> tuple:
-    """[P, 2, S + T] tokens and mask of (prompt, completion) id arrays, and
-    the fraction of completions cut at the width."""
-    s = self.config.task.max_prompt_tokens
-    t = self.config.sampler.max_new_tokens
-    p = len(prompts)
-    tokens = np.zeros((p, 2, s + t), np.int32)
-    mask = np.zeros_like(tokens)
-    cut = 0
-    for i, prompt in enumerate(prompts):
-      prompt = np.asarray(prompt)[-s:]
-      for j, completion in enumerate((chosen[i], rejected[i])):
-        completion = np.asarray(completion)
-        cut += len(completion) > t
-        completion = completion[:t]
-        tokens[i, j, s - len(prompt) : s] = prompt
-        mask[i, j, s - len(prompt) : s] = 1
-        tokens[i, j, s : s + len(completion)] = completion
-        mask[i, j, s : s + len(completion)] = 1
-    return tokens, mask, cut / max(2 * p, 1)
-
   def _offline_block(self, ids, records):
     chat = self.config.model.chat_template
     encode = functools.partial(
@@ -239,7 +222,12 @@ class PreferenceRun(PostTrainer):
       prompts.append(prompt)
       first.append(own)
       second.append(mismatched)
-    tokens, mask, cut = self._layout(prompts, first, second)
+    tokens, mask, cut = layout(
+      prompts,
+      [first, second],
+      self.config.task.max_prompt_tokens,
+      self.config.sampler.max_new_tokens,
+    )
     keep = np.ones(len(records), np.float32)
     label = np.asarray(labels, np.float32)
     ref = self._cached_reference(ids, tokens, mask, cacheable=not kto)
@@ -254,8 +242,8 @@ class PreferenceRun(PostTrainer):
       num_samples=self.config.sampler.num_samples,
       temperature=self.config.sampler.temperature,
     )
-    rewards = self._gather(self._global(np.asarray(scored.rewards_PG)))
-    seqs = self._gather(self._global(_rollout.sequences(scored.rollout)))
+    rewards = gather(self._global(np.asarray(scored.rewards_PG)))
+    seqs = gather(self._global(_rollout.sequences(scored.rollout)))
     choice = jax.device_get(
       best_worst_pairs(rewards, min_margin=self.min_margin)
     )
@@ -273,16 +261,6 @@ class PreferenceRun(PostTrainer):
     }
     label = np.ones(len(keep), np.float32)
     return PairBlock(tokens, mask, keep, ref, label), metrics
-
-  def _gather(self, tree):
-    """Every leaf as the full global array, on every host."""
-
-    def full(x):
-      if getattr(x, "is_fully_addressable", True):
-        return np.asarray(x)
-      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-    return jax.tree.map(full, tree)
 
   def _cached_reference(self, ids, tokens, mask, *, cacheable) -> np.ndarray:
     """[P, 2] reference sequence log-probs: from the cache where every id
@@ -323,9 +301,23 @@ class PreferenceRun(PostTrainer):
       self._grads["reference"] = score
     seqs = self._global_block(Sequences(tokens, mask))
     out = self._grads["reference"](self.state.reference, *seqs)
-    return np.asarray(self._gather(out), np.float32)
+    return np.asarray(gather(out), np.float32)
 
   # --- the step -------------------------------------------------------------
+
+  def _objective(self):
+    """(the frozen weights it reads, the run's pair objective)."""
+    frozen = graphs = None
+    if self.loss_name == "tgdpo":
+      frozen = (self.teacher[1], self.state.reference)
+      graphs = (self.teacher[0], self.models.policy)
+    return frozen, pair_objective(
+      self.loss_name,
+      self.loss_kwargs,
+      self.config.sampler.max_new_tokens,
+      self.config.model.logprob_schedule,
+      graphs,
+    )
 
   def _reset_reference(self) -> None:
     """A reference reset (iterative DPO / DNO): the reference becomes the
@@ -353,15 +345,7 @@ class PreferenceRun(PostTrainer):
       block, extra = self._online_block(step, records)
     else:
       block, extra["truncated"] = self._offline_block(ids, records)
-    frozen = None
-    if self.loss_name == "tgdpo":
-      frozen = (self.teacher, (self.models.policy, self.state.reference))
-    objective = pair_objective(
-      self.loss_name,
-      self.loss_kwargs,
-      self.config.sampler.max_new_tokens,
-      self.config.model.logprob_schedule,
-    )
+    frozen, objective = self._objective()
     total, grads, metrics = self._accumulate(
       self.loss_name, objective, frozen, [block]
     )
@@ -377,12 +361,7 @@ class PreferenceRun(PostTrainer):
     ``train.prompts_per_step`` at a time (the last batch padded with
     repeats that do not count)."""
     batch = self.config.train.prompts_per_step
-    objective = pair_objective(
-      self.loss_name,
-      self.loss_kwargs,
-      self.config.sampler.max_new_tokens,
-      self.config.model.logprob_schedule,
-    )
+    frozen, objective = self._objective()
     if "eval" not in self._grads:
       graphdef = self.models.policy
       self._grads["eval"] = jax.jit(
@@ -390,9 +369,6 @@ class PreferenceRun(PostTrainer):
           nnx.merge(graphdef, params), frozen, block
         )
       )
-    frozen = None
-    if self.loss_name == "tgdpo":
-      frozen = (self.teacher, (self.models.policy, self.state.reference))
     sums = {}
     for start in range(0, len(records), batch):
       part = list(records[start : start + batch])

@@ -61,6 +61,39 @@ def records(data, task: tasks.Task) -> list[dict]:
   )
 
 
+def gather(tree):
+  """Every leaf of `tree` as its full global array, on every host."""
+
+  def full(x):
+    if getattr(x, "is_fully_addressable", True):
+      return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+  return jax.tree.map(full, tree)
+
+
+def layout(prompts, completions, prompt_width: int, width: int):
+  """[P, G, S + T] int32 tokens and mask of P prompts (id arrays, their
+  last S kept, left-padded) each followed by G completions (right-padded,
+  cut at T), and the fraction of completions cut. ``completions[g][p]`` is
+  completion g of prompt p."""
+  s, t, p, g = prompt_width, width, len(prompts), len(completions)
+  tokens = np.zeros((p, g, s + t), np.int32)
+  mask = np.zeros_like(tokens)
+  cut = 0
+  for i, prompt in enumerate(prompts):
+    prompt = np.asarray(prompt)[-s:]
+    for j in range(g):
+      completion = np.asarray(completions[j][i])
+      cut += len(completion) > t
+      completion = completion[:t]
+      tokens[i, j, s - len(prompt) : s] = prompt
+      mask[i, j, s - len(prompt) : s] = 1
+      tokens[i, j, s : s + len(completion)] = completion
+      mask[i, j, s : s + len(completion)] = 1
+  return tokens, mask, cut / max(p * g, 1)
+
+
 class PostTrainer(Trainer):
   """The base of the post-training runs (`SFTRun`, `PreferenceRun`,
   `DistillRun`); see `rljax.training.Trainer` for the arguments they share.
@@ -90,7 +123,7 @@ class PostTrainer(Trainer):
       "task", tasks.get, config.task.name, **config.task.kwargs
     )
     if records is None:
-      records = _from_config("data", globals()["records"], config.data, task)
+      records = _from_config("data", self._records, config.data, task)
     records = list(records)
     if not records:
       raise UserError(f"data.source={config.data.source!r} holds no records.")
@@ -100,6 +133,10 @@ class PostTrainer(Trainer):
     task = dataclasses.replace(task, train=grain.MapDataset.source(records))
     super().__init__(config, algorithm=NO_ALGORITHM, task=task, **kwargs)
     self._grads = {}
+
+  def _records(self, data, task: tasks.Task) -> list[dict]:
+    """The records ``config.data`` names (see `records`)."""
+    return records(data, task)
 
   def _needs(self) -> dict[str, bool]:
     needs = dict.fromkeys(super()._needs(), False)
@@ -162,7 +199,9 @@ class PostTrainer(Trainer):
     total = grads = metrics = None
     add = functools.partial(jax.tree.map, jnp.add)
     for block in blocks:
-      (loss, parts), g = grad_fn(params, frozen, self._global_block(block))
+      block = self._global_block(block)
+      self._last_call = (grad_fn, params, frozen, block)  # for dry_run
+      (loss, parts), g = grad_fn(params, frozen, block)
       if grads is None:
         total, grads, metrics = loss, g, parts
       else:
@@ -238,16 +277,9 @@ class PostTrainer(Trainer):
   def export(self, directory) -> str:
     """Write the current policy and tokenizer to `directory` (process 0;
     every process takes part in gathering the weights)."""
-    params = jax.tree.map(
-      lambda x: (
-        x
-        if getattr(x, "is_fully_addressable", True)
-        else multihost_utils.process_allgather(x, tiled=True)
-      ),
-      self.state.policy.params,
-    )
+    params = gather(self.state.policy.params)
     if self._writer:
-      model = nnx.merge(self.models.policy, jax.device_get(params))
+      model = nnx.merge(self.models.policy, params)
       checkpoints.save_hf(model, directory)
       self.tokenizer.save(directory)
     return str(directory)
@@ -256,11 +288,18 @@ class PostTrainer(Trainer):
     """Offline runs sample nothing to write."""
 
   def dry_run(self) -> dict[str, Any]:
-    """One step at the run's shapes (compile included), timed."""
+    """One step at the run's shapes (compile included), timed, and the
+    memory of its compiled gradient program (XLA's analysis)."""
     start = time.perf_counter()
     metrics = self.step(self.start_step)
+    grad_fn, *args = self._last_call
+    memory = grad_fn.lower(*args).compile().memory_analysis()
+    mib = lambda n: round(n / 2**20, 2)  # noqa: E731
     return {
       "step_seconds_with_compile": round(time.perf_counter() - start, 2),
+      "update_temp_mib": mib(memory.temp_size_in_bytes),
+      "update_argument_mib": mib(memory.argument_size_in_bytes),
+      "update_output_mib": mib(memory.output_size_in_bytes),
       "parameters": int(
         sum(x.size for x in jax.tree.leaves(self.state.policy.params))
       ),

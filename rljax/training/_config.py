@@ -155,7 +155,7 @@ class OutputSpec:
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
-  """The data of the supervised and preference runs.
+  """The data of the supervised, preference and distillation runs.
 
   ``source``: "task" (the task's training examples: its prompt and its
   "demonstration" or answer), "jsonl:<path>" (records, one JSON object a
@@ -163,8 +163,8 @@ class DataSpec:
   ``prompt``/``chosen``/``rejected`` or ``label``ed completions for KTO),
   "tfds:<name>" (a TFDS dataset already prepared under ``data_dir``, read
   with ``split``; ``fields`` maps record keys to its feature names), or
-  "online" (preference runs: completions sampled from the current policy
-  each step and scored with the task's rewards).
+  "online" (preference and distillation runs: completions sampled from
+  the current policy each step, scored with the task's rewards).
   ``max_length``: tokens per supervised example and per packed row;
   ``packing`` packs several examples into one row (attention never
   crosses an example); ``rows``: rows per packed block (0: as many as
@@ -180,7 +180,7 @@ class DataSpec:
   rows: int = 0
 
 
-KINDS = ("rl", "sft", "preference")
+KINDS = ("rl", "sft", "preference", "distill")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,10 +188,11 @@ class RunConfig:
   """Everything a training run needs.
 
   ``kind``: "rl" (the `Trainer`), "sft" (supervised fine-tuning on
-  ``data``) or "preference" (DPO and its family, ``algorithm.name`` naming
-  the loss; offline pairs or ``data.source="online"``). ``teacher`` is a
-  frozen model the algorithm reads (on-policy distillation:
-  `rljax.algorithms.opd`; TGDPO's token reward model).
+  ``data``), "preference" (DPO and its family, ``algorithm.name`` naming
+  the loss; offline pairs or ``data.source="online"``) or "distill" (GKD
+  toward ``teacher``). ``teacher`` is a frozen model the run reads (GKD's
+  teacher, on-policy distillation in RL: `rljax.algorithms.opd`, TGDPO's
+  token reward model).
   """
 
   kind: str = "rl"

@@ -287,7 +287,7 @@ def _kind(config) -> None:
     _fail(
       "data.source",
       "online",
-      "is for preference runs",
+      "is for preference and distillation runs",
       "An RL run always samples online; drop data.source.",
     )
   if kind == "sft" and config.data.source == "online":

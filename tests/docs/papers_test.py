@@ -9,6 +9,7 @@ import pytest
 import rljax
 from rljax import envs  # noqa: F401 (rljax.envs by attribute)
 from rljax import models  # noqa: F401 (rljax.models by attribute)
+from rljax import posttrain  # noqa: F401 (rljax.posttrain by attribute)
 from rljax import rewards  # noqa: F401 (rljax.rewards by attribute)
 from rljax import rollouts  # noqa: F401 (rljax.rollouts by attribute)
 from rljax import sandbox  # noqa: F401 (rljax.sandbox by attribute)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rljax import posttrain
+from rljax import tasks
 from rljax._src.errors import UserError
 from rljax.training import AlgorithmSpec
 from rljax.training import DataSpec
@@ -20,6 +21,7 @@ from rljax.training import RunConfig
 from rljax.training import SamplerSpec
 from rljax.training import TaskSpec
 from rljax.training import TrainSpec
+from rljax.training import _build
 from rljax.training import _cli
 
 
@@ -214,12 +216,85 @@ def test_cli_runs_and_dry_runs_each_kind(tmp_path, capsys):
   for kind, extra in [
     ("sft", []),
     ("preference", ["algorithm.name=dpo", f"data.source=jsonl:{pairs}"]),
+    (
+      "distill",
+      [
+        "algorithm.name=gkd",
+        "teacher.source=scratch",
+        "teacher.hidden_size=32",
+        "teacher.num_heads=2",
+        "teacher.num_kv_heads=1",
+      ],
+    ),
   ]:
     args = ["--config", str(file), f"kind={kind}", *common, *extra]
     out = str(tmp_path / kind)
     assert _cli.main([*args, f"output.directory={out}", "--dry_run"]) == 0
-    assert '"step_seconds_with_compile"' in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert '"step_seconds_with_compile"' in printed
+    assert '"update_temp_mib"' in printed
     assert _cli.main([*args, f"output.directory={out}x"]) == 0
     assert "eval accuracy" in capsys.readouterr().out
   assert _cli.main(["--config", str(file), "kind=nope"]) == 2
   assert "kind='nope'" in capsys.readouterr().err
+
+
+def _twin(config, seed=0):
+  """A model built like the run's policy (the same weights at seed 0)."""
+  task = tasks.get(config.task.name, **config.task.kwargs)
+  return _build.build_policy(config.model, task.alphabet, seed)[0]
+
+
+def test_gkd_is_zero_at_teacher_equal_student_and_samples(tmp_path):
+  config = _config(
+    tmp_path,
+    kind="distill",
+    algorithm=AlgorithmSpec("gkd", {"beta": 0.5, "lmbda": 0.0}),
+  )
+  run = posttrain.DistillRun(config, teacher=_twin(config))
+  out = run.step(0)
+  assert out["on_policy"] == 0.0 and out["tokens"] > 0
+  assert abs(out["loss"]) < 1e-6 and out["gkd_top1_agreement"] == 1.0
+  on = dataclasses.replace(
+    config,
+    algorithm=AlgorithmSpec("gkd", {"beta": 1.0, "lmbda": 1.0}),
+    output=dataclasses.replace(config.output, directory=str(tmp_path / "on")),
+  )
+  run = posttrain.DistillRun(on, teacher=_twin(config, seed=1))
+  out = run.step(0)
+  assert out["on_policy"] == 1.0 and out["loss"] > 0.0
+
+
+def test_tgdpo_reads_the_teacher_as_its_token_reward_model(tmp_path):
+  config = _config(
+    tmp_path, kind="preference", algorithm=AlgorithmSpec("tgdpo")
+  )
+  with pytest.raises(UserError, match="teacher"):
+    posttrain.PreferenceRun(config, records=_pairs(16))
+  run = posttrain.PreferenceRun(
+    config, records=_pairs(16), teacher=_twin(config, seed=1)
+  )
+  out = run.step(0)
+  assert out["loss"] == pytest.approx(np.log(2.0), abs=1e-4)
+
+
+def test_apo_extrapolates_at_a_reference_reset(tmp_path):
+  config = _config(
+    tmp_path,
+    kind="preference",
+    algorithm=AlgorithmSpec("dpo", {"apo_alpha": 0.5}),
+    train=TrainSpec(
+      steps=2, prompts_per_step=16, eval_prompts=8, reference_resets=(1,)
+    ),
+  )
+  run = posttrain.PreferenceRun(config, records=_pairs())
+  start = _params(run)
+  run.step(0)
+  after = _params(run)
+  run._reset_reference()
+  for x0, x1, new, ref in zip(
+    start, after, _params(run), jax.tree.leaves(run.state.reference)
+  ):
+    np.testing.assert_allclose(new, x1 + 0.5 * (x1 - x0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(np.asarray(ref), new)
+  assert not run.ref_cache  # the old reference's log-probs are gone

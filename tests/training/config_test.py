@@ -82,6 +82,7 @@ POSTTRAIN_CONFIGS = {
   "sft": ("sft", "grpo"),  # no algorithm: the section's default
   "dpo": ("preference", "dpo"),
   "online_dpo": ("preference", "dpo"),
+  "gkd": ("distill", "gkd"),
 }
 
 

@@ -185,8 +185,6 @@ TINY_EXTRA = {
 def test_every_preset_config_runs_two_steps(tmp_path, name):
   extra = TINY_EXTRA.get(name, ())
   config = _config(name, tmp_path, "train.steps=2", *extra)
-  if config.kind != "rl":  # no warm start before a post-training run
-    config = override(config, ["train.warm_start_steps=0"])
   summary = posttrain.run_for(config)(config).run()
   assert len(summary["history"]) == 2
   assert all(np.isfinite(h["loss"]) for h in summary["history"])
