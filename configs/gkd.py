@@ -38,7 +38,7 @@ def get_config():
       name="gkd", kwargs={"beta": 0.5, "lmbda": 0.5, "temperature": 1.0}
     ),
     data=DataSpec(source="task"),
-    optim=OptimSpec(learning_rate=1e-4, grad_clip=1.0),
+    optim=OptimSpec(learning_rate=2e-5, grad_clip=1.0),
     train=TrainSpec(steps=50, prompts_per_step=8, eval_prompts=64),
     output=OutputSpec(directory="runs/gkd", rollouts_every=5),
   )

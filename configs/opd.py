@@ -34,7 +34,7 @@ def get_config():
     ),
     sampler=SamplerSpec(num_samples=8, max_new_tokens=12, temperature=1.0),
     algorithm=AlgorithmSpec(name="opd_grpo", kwargs={"coef": 1.0}),
-    optim=OptimSpec(learning_rate=1e-4, grad_clip=1.0),
+    optim=OptimSpec(learning_rate=2e-5, grad_clip=1.0),
     train=TrainSpec(steps=50, prompts_per_step=8, eval_prompts=64),
     output=OutputSpec(directory="runs/opd", rollouts_every=5),
   )

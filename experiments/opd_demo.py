@@ -10,7 +10,11 @@ the cumulative number of sampled completion tokens; the report is each
 arm's accuracy gain per 1,000 sampled tokens and the OPD - GRPO difference
 at the end, per seed, to docs/figures/opd_demo.{json,png}.
 
-Run: python experiments/opd_demo.py [--seeds 0 1 2] [--steps 20]
+The defaults fit a 2-core CPU (about 5 minutes a run): a 26-layer student
+(the 10-layer one of configs/opd.py answers nothing right, so GRPO alone
+gets no signal), 4 prompts x 4 samples a step, 8 steps, 32 held-out prompts.
+
+Run: python experiments/opd_demo.py [--seeds 0 1 2] [--steps 8]
 """
 
 import argparse
@@ -41,6 +45,8 @@ def _arm(arm, seed, args, runs):
       f"train.eval_every={args.eval_every}",
       f"train.eval_prompts={args.eval_prompts}",
       f"model.keep_layers={args.keep_layers}",
+      f"train.prompts_per_step={args.prompts}",
+      f"sampler.num_samples={args.samples}",
       f"output.directory={runs / f'{arm}_{seed}'}",
       "output.rollouts_every=0",
     ],
@@ -66,10 +72,12 @@ def _arm(arm, seed, args, runs):
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--steps", type=int, default=20)
-  parser.add_argument("--eval_every", type=int, default=5)
-  parser.add_argument("--eval_prompts", type=int, default=64)
-  parser.add_argument("--keep_layers", type=int, default=10)
+  parser.add_argument("--steps", type=int, default=8)
+  parser.add_argument("--eval_every", type=int, default=0)  # 0: ends only
+  parser.add_argument("--eval_prompts", type=int, default=32)
+  parser.add_argument("--keep_layers", type=int, default=26)
+  parser.add_argument("--prompts", type=int, default=4)
+  parser.add_argument("--samples", type=int, default=4)
   parser.add_argument("--runs", default=str(ROOT / "runs" / "opd_demo"))
   args = parser.parse_args(argv)
   runs = pathlib.Path(args.runs)

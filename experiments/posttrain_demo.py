@@ -12,6 +12,7 @@ reward accuracy (implicit reward of the chosen above the rejected) and
 margin, to docs/figures/posttrain_demo.{json,png}.
 
 Run: python experiments/posttrain_demo.py [--seed 0] [--runs runs/demo]
+(--plot redraws the figure from the JSON.)
 """
 
 import argparse
@@ -48,7 +49,12 @@ def main(argv=None) -> dict:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--runs", default=str(ROOT / "runs" / "demo"))
   parser.add_argument("--pairs", type=int, default=2048)
+  parser.add_argument("--plot", action="store_true")
   args = parser.parse_args(argv)
+  if args.plot:
+    report = json.loads((OUT / "posttrain_demo.json").read_text())
+    _plot(report)
+    return report
   runs = pathlib.Path(args.runs)
   report = {"seed": args.seed}
 
@@ -121,9 +127,10 @@ def _plot(report) -> None:
   ax.plot(steps, loss)
   ax.set(title="SFT: token loss", xlabel="step", yscale="log")
   ax = fig.add_subplot(1, 3, 2)
-  steps, acc = zip(*report["grpo"]["eval"])
-  ax.plot(steps, acc, marker="o")
+  steps, acc = zip((0, report["grpo"]["before"]), *report["grpo"]["eval"])
+  ax.plot(steps, acc, marker="o", label="GRPO")
   ax.axhline(report["sft"]["before"], color="gray", ls=":", label="scratch")
+  ax.set_ylim(-0.02, 1.0)
   ax.set(
     title="GRPO from the SFT model", xlabel="step", ylabel="held-out accuracy"
   )

@@ -293,15 +293,4 @@ class PostTrainer(Trainer):
     start = time.perf_counter()
     metrics = self.step(self.start_step)
     grad_fn, *args = self._last_call
-    memory = grad_fn.lower(*args).compile().memory_analysis()
-    mib = lambda n: round(n / 2**20, 2)  # noqa: E731
-    return {
-      "step_seconds_with_compile": round(time.perf_counter() - start, 2),
-      "update_temp_mib": mib(memory.temp_size_in_bytes),
-      "update_argument_mib": mib(memory.argument_size_in_bytes),
-      "update_output_mib": mib(memory.output_size_in_bytes),
-      "parameters": int(
-        sum(x.size for x in jax.tree.leaves(self.state.policy.params))
-      ),
-      "metrics": metrics,
-    }
+    return self._dry_run_report(start, grad_fn.lower(*args).compile(), metrics)

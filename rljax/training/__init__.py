@@ -1,7 +1,9 @@
 """RL training: configs, train states, the jitted update and the loop.
 
 ``python -m rljax.training --config configs/grpo.py train.steps=20`` runs
-a config; `Trainer` is the same loop from Python.
+a config; `Trainer` is the same loop from Python. The same command runs
+the post-training kinds (``kind="sft"``, ``"preference"``, ``"distill"``:
+`rljax.posttrain`), whose runs are Trainers with their own step.
 """
 
 from rljax.training._cli import load_config

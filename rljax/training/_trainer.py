@@ -229,7 +229,8 @@ class Trainer:
   * ``task``: a `rljax.tasks.Task` instead of ``config.task.name``;
   * ``rewards``: reward functions, ``[(name, fn, weight), ...]`` as for
     `rljax.rewards.score`, instead of the task's own;
-  * ``teacher``: a frozen model (same vocabulary as the policy) whose token
+  * ``teacher``: instead of the one ``config.teacher`` names, a frozen
+    model (same vocabulary as the policy) whose token
     log-probs of every sampled completion, at the sampler's temperature,
     fill ``Batch.teacher_logp_PGT`` when a stage reads them (a teacher to
     distil, a DPO policy, a judge);
@@ -437,7 +438,7 @@ class Trainer:
     )
 
   def _algorithm_from_config(self) -> Algorithm:
-    """The config's algorithm preset (post-training runs: their objective)."""
+    """The preset ``config.algorithm`` names, with its hyperparameters."""
     c = self.config.algorithm
     return _from_config("algorithm", algorithms.get, c.name, **c.kwargs)
 
@@ -1066,6 +1067,11 @@ class Trainer:
     compiled = self._update.lower(
       self.state, seqs, batch, jax.random.key(0)
     ).compile()
+    return self._dry_run_report(start, compiled, metrics)
+
+  def _dry_run_report(self, start, compiled, metrics) -> dict[str, Any]:
+    """The dry run's figures: time since `start`, the compiled update's
+    memory (XLA's analysis), the parameter count and the step's metrics."""
     memory = compiled.memory_analysis()
     mib = lambda n: round(n / 2**20, 2)  # noqa: E731
     return {

@@ -59,7 +59,7 @@ def _params(run):
   return [np.asarray(x) for x in jax.tree.leaves(run.state.policy.params)]
 
 
-def test_packing_changes_the_cost_not_the_update(tmp_path):
+def test_packing_and_sharding_change_the_cost_not_the_update(tmp_path):
   packed = posttrain.SFTRun(_config(tmp_path))
   padded_config = _config(tmp_path / "b")
   padded_config = dataclasses.replace(
@@ -73,6 +73,15 @@ def test_packing_changes_the_cost_not_the_update(tmp_path):
   np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
   assert a["tokens"] == b["tokens"] > 0
   for x, y in zip(_params(packed), _params(padded)):
+    np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-6)
+  # Sharded over 8 devices or on one: the same update.
+  one = _config(tmp_path / "c")
+  one = dataclasses.replace(
+    one, train=dataclasses.replace(one.train, mesh=(1, 1, 1))
+  )
+  single = posttrain.SFTRun(one)
+  assert single.step(0)["loss"] == pytest.approx(a["loss"], rel=1e-5)
+  for x, y in zip(_params(packed), _params(single)):
     np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-6)
 
 
@@ -136,7 +145,17 @@ def test_dpo_offline_caches_the_reference(tmp_path):
   assert after["eval_reward_margin"] > before["eval_reward_margin"]
 
 
-@pytest.mark.parametrize("loss", ["ipo", "simpo", "orpo", "cpo", "robust_dpo"])
+# One loss in the default run (each builds its own run); all in the slow set.
+@pytest.mark.parametrize(
+  "loss",
+  [
+    "ipo",
+    *(
+      pytest.param(name, marks=pytest.mark.slow)
+      for name in ("simpo", "orpo", "cpo", "robust_dpo")
+    ),
+  ],
+)
 def test_each_paired_loss_trains(tmp_path, loss):
   kwargs = {"label_smoothing": 0.1} if loss == "robust_dpo" else {}
   config = _config(
