@@ -145,17 +145,8 @@ def test_dpo_offline_caches_the_reference(tmp_path):
   assert after["eval_reward_margin"] > before["eval_reward_margin"]
 
 
-# One loss in the default run (each builds its own run); all in the slow set.
-@pytest.mark.parametrize(
-  "loss",
-  [
-    "ipo",
-    *(
-      pytest.param(name, marks=pytest.mark.slow)
-      for name in ("simpo", "orpo", "cpo", "robust_dpo")
-    ),
-  ],
-)
+@pytest.mark.slow  # each builds its own run; dpo, kto, tgdpo run by default
+@pytest.mark.parametrize("loss", ["ipo", "simpo", "orpo", "cpo", "robust_dpo"])
 def test_each_paired_loss_trains(tmp_path, loss):
   kwargs = {"label_smoothing": 0.1} if loss == "robust_dpo" else {}
   config = _config(
@@ -207,7 +198,21 @@ def test_bad_preference_data_is_one_line(tmp_path):
     posttrain.PreferenceRun(bad, records=_pairs())
 
 
-def test_cli_runs_and_dry_runs_each_kind(tmp_path, capsys):
+KINDS = {
+  "sft": [],
+  "preference": ["algorithm.name=dpo"],
+  "distill": [
+    "algorithm.name=gkd",
+    "teacher.source=scratch",
+    "teacher.hidden_size=32",
+    "teacher.num_heads=2",
+    "teacher.num_kv_heads=1",
+  ],
+}
+
+
+def _cli_args(tmp_path, kind):
+  """CLI arguments for a tiny run of `kind` (pairs on disk for DPO)."""
   pairs = tmp_path / "pairs.jsonl"
   pairs.write_text("".join(json.dumps(r) + "\n" for r in _pairs()))
   file = tmp_path / "cfg.py"
@@ -215,7 +220,11 @@ def test_cli_runs_and_dry_runs_each_kind(tmp_path, capsys):
     "from rljax.training import RunConfig\n"
     "def get_config():\n  return RunConfig()\n"
   )
-  common = [
+  extra = [f"data.source=jsonl:{pairs}"] if kind == "preference" else []
+  return [
+    "--config",
+    str(file),
+    f"kind={kind}",
     "model.hidden_size=32",
     "model.num_layers=1",
     "model.num_heads=2",
@@ -231,29 +240,33 @@ def test_cli_runs_and_dry_runs_each_kind(tmp_path, capsys):
     "data.rows=8",
     "output.tensorboard=False",
     "output.plot=False",
+    f"output.directory={tmp_path / kind}",
+    *KINDS[kind],
+    *extra,
   ]
-  for kind, extra in [
-    ("sft", []),
-    ("preference", ["algorithm.name=dpo", f"data.source=jsonl:{pairs}"]),
-    (
-      "distill",
-      [
-        "algorithm.name=gkd",
-        "teacher.source=scratch",
-        "teacher.hidden_size=32",
-        "teacher.num_heads=2",
-        "teacher.num_kv_heads=1",
-      ],
-    ),
-  ]:
-    args = ["--config", str(file), f"kind={kind}", *common, *extra]
-    out = str(tmp_path / kind)
-    assert _cli.main([*args, f"output.directory={out}", "--dry_run"]) == 0
-    printed = capsys.readouterr().out
-    assert '"step_seconds_with_compile"' in printed
-    assert '"update_temp_mib"' in printed
-    assert _cli.main([*args, f"output.directory={out}x"]) == 0
-    assert "eval accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cli_dry_runs_each_kind(tmp_path, capsys, kind):
+  assert _cli.main([*_cli_args(tmp_path, kind), "--dry_run"]) == 0
+  printed = capsys.readouterr().out
+  assert '"step_seconds_with_compile"' in printed
+  assert '"update_temp_mib"' in printed
+
+
+@pytest.mark.slow  # a whole run (with evaluations) of each kind
+@pytest.mark.parametrize("kind", KINDS)
+def test_cli_runs_each_kind(tmp_path, capsys, kind):
+  assert _cli.main(_cli_args(tmp_path, kind)) == 0
+  assert "eval accuracy" in capsys.readouterr().out
+
+
+def test_cli_refuses_an_unknown_kind(tmp_path, capsys):
+  file = tmp_path / "cfg.py"
+  file.write_text(
+    "from rljax.training import RunConfig\n"
+    "def get_config():\n  return RunConfig()\n"
+  )
   assert _cli.main(["--config", str(file), "kind=nope"]) == 2
   assert "kind='nope'" in capsys.readouterr().err
 
