@@ -57,15 +57,27 @@ def _arm(arm, seed, args, runs):
       teacher=None,
       algorithm=dataclasses.replace(config.algorithm, kwargs={}),
     )
-  summary = Trainer(config, resume=False).run()
-  c = config
-  per_step = c.train.prompts_per_step * c.sampler.num_samples
-  tokens, points = 0.0, [(0.0, summary["before"]["eval_accuracy"])]
-  for h in summary["history"]:
-    tokens += h["response_length"] * per_step
-    if "eval_accuracy" in h:
-      points.append((tokens, h["eval_accuracy"]))
-  points.append((tokens, summary["after"]["eval_accuracy"]))
+  if not args.collect:
+    Trainer(config, resume=False).run()
+  return _curve(config)
+
+
+def _curve(config):
+  """(sampled completion tokens so far, held-out accuracy) from a run's
+  metrics.jsonl: the evaluation before, every one during, the one after."""
+  per_step = config.train.prompts_per_step * config.sampler.num_samples
+  records = [
+    json.loads(line)
+    for line in (pathlib.Path(config.output.directory) / "metrics.jsonl")
+    .read_text()
+    .splitlines()
+  ]
+  tokens, points = 0.0, []
+  for r in records:
+    if "response_length" in r:
+      tokens += r["response_length"] * per_step
+    if "eval_accuracy" in r:
+      points.append((tokens, r["eval_accuracy"]))
   return points
 
 
@@ -79,6 +91,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--prompts", type=int, default=4)
   parser.add_argument("--samples", type=int, default=4)
   parser.add_argument("--runs", default=str(ROOT / "runs" / "opd_demo"))
+  parser.add_argument(
+    "--collect", action="store_true", help="report the runs already there"
+  )
   args = parser.parse_args(argv)
   runs = pathlib.Path(args.runs)
   report = {"args": vars(args), "seeds": {}}
