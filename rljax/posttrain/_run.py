@@ -34,6 +34,7 @@ from rljax._src.errors import UserError
 from rljax.posttrain import _data
 from rljax.training import _hosts
 from rljax.training._config import RunConfig
+from rljax.training._step import _keep_if
 from rljax.training._step import all_finite
 from rljax.training._trainer import Trainer
 from rljax.training._trainer import _from_config
@@ -228,7 +229,7 @@ class PostTrainer(Trainer):
         new = policy._replace(
           params=params, opt_state=opt_state, step=policy.step + 1
         )
-        new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, policy)
+        new = _keep_if(ok, new, policy)
         flags = {
           "nonfinite_loss": ~loss_ok,
           "nonfinite_grads": ~grads_ok,
