@@ -309,6 +309,20 @@ def _cast(x, dtype):
   return x.astype(dtype)
 
 
+def _proj(w, name, x, equation):
+  """``einsum(equation, x, w[name])`` in x's dtype: every weight matrix of a
+  layer is applied here (the one place adapters attach to)."""
+  return jnp.einsum(equation, x, w[name].astype(x.dtype))
+
+
+def _mlp(config, w, h):
+  """The feed-forward block on normed hidden states [B, S, D] (SwiGLU)."""
+  del config
+  gate = _proj(w, "gate_proj", h, "bsd,df->bsf")
+  up = _proj(w, "up_proj", h, "bsd,df->bsf")
+  return _proj(w, "down_proj", jax.nn.silu(gate) * up, "bsf,fd->bsd")
+
+
 def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   """One decoder layer; `kv` is (layer index, all layers' k, v) or None,
   and `io` stores this layer's new keys / values (or returns them, as
@@ -317,9 +331,9 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   new tokens (`Transformer.hidden_states`'s ``prefix``)."""
   c, dt = config, x.dtype
   h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
-  q = jnp.einsum("bsd,dhk->bshk", h, w["q_proj"].astype(dt))
-  k = jnp.einsum("bsd,dnk->bsnk", h, w["k_proj"].astype(dt))
-  v = jnp.einsum("bsd,dnk->bsnk", h, w["v_proj"].astype(dt))
+  q = _proj(w, "q_proj", h, "bsd,dhk->bshk")
+  k = _proj(w, "k_proj", h, "bsd,dnk->bsnk")
+  v = _proj(w, "v_proj", h, "bsd,dnk->bsnk")
   if c.qkv_bias:
     q, k, v = (
       t + w[f"{n}_bias"].astype(dt)[None, None]
@@ -341,13 +355,9 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   if shared is not None:
     k, v = (shared[0], k), (shared[1], v)
   attn = _attention(q, _cast(k, dt), _cast(v, dt), allowed)
-  x = x + jnp.einsum("bshk,hkd->bsd", attn, w["o_proj"].astype(dt))
+  x = x + _proj(w, "o_proj", attn, "bshk,hkd->bsd")
   h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-  gate = jnp.einsum("bsd,df->bsf", h, w["gate_proj"].astype(dt))
-  up = jnp.einsum("bsd,df->bsf", h, w["up_proj"].astype(dt))
-  x = x + jnp.einsum(
-    "bsf,fd->bsd", jax.nn.silu(gate) * up, w["down_proj"].astype(dt)
-  )
+  x = x + _mlp(c, w, h)
   return x, kv, new
 
 
