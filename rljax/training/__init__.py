@@ -17,6 +17,8 @@ from rljax.training._config import SamplerSpec
 from rljax.training._config import TaskSpec
 from rljax.training._config import TrainSpec
 from rljax.training._config import override
+from rljax.training._precision import MasterWeightsState
+from rljax.training._precision import master_weights
 from rljax.training._rollout import Scored
 from rljax.training._step import Models
 from rljax.training._step import PolicyState
@@ -33,6 +35,7 @@ from rljax.training._validate import validate
 __all__ = [
   "AlgorithmSpec",
   "DataSpec",
+  "MasterWeightsState",
   "ModelSpec",
   "Models",
   "OptimSpec",
@@ -51,6 +54,7 @@ __all__ = [
   "completion_logprobs",
   "completion_values",
   "load_config",
+  "master_weights",
   "override",
   "update",
   "validate",

@@ -22,6 +22,7 @@ from rljax.models import Transformer
 from rljax.models import ValueModel
 from rljax.tokenizers import Tokenizer
 from rljax.tokenizers import tokenizer_from_gguf
+from rljax.training import _precision
 from rljax.training._config import ModelSpec
 from rljax.training._config import OptimSpec
 from rljax.training._step import PolicyState
@@ -53,6 +54,7 @@ def _scratch_config(spec: ModelSpec, vocab_size: int) -> ModelConfig:
     tie_embeddings=True,
     max_position_embeddings=spec.max_position_embeddings,
     dtype=spec.dtype,
+    param_dtype=spec.param_dtype,
     scan_unroll=spec.scan_unroll,
   )
 
@@ -82,7 +84,9 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
     tokenizer = Tokenizer.from_characters(alphabet)
     config = _scratch_config(spec, tokenizer.vocab_size)
     return init_model(Transformer, config, seed), tokenizer
-  overrides = dict(dtype=spec.dtype, scan_unroll=spec.scan_unroll)
+  overrides = dict(
+    dtype=spec.dtype, param_dtype=spec.param_dtype, scan_unroll=spec.scan_unroll
+  )
   if source == "smollm2" or source.startswith("gguf:"):
     path = _smollm2_path() if source == "smollm2" else source[5:]
     model = checkpoints.load_gguf(path, **overrides)
@@ -129,18 +133,21 @@ def value_model_like(policy: Transformer) -> ValueModel:
 
 
 def optimizer(spec: OptimSpec):
-  """AdamW with linear warmup, global-norm clipping."""
+  """AdamW with linear warmup, global-norm clipping; with
+  ``spec.master_weights`` it steps float32 master copies of the parameters
+  (`rljax.training.master_weights`)."""
   schedule = optax.linear_schedule(
     0.0, spec.learning_rate, max(spec.warmup_steps, 1)
   )
   if spec.warmup_steps == 0:
     schedule = optax.constant_schedule(spec.learning_rate)
-  return optax.chain(
+  chain = optax.chain(
     optax.clip_by_global_norm(spec.grad_clip),
     optax.adamw(
       schedule, b1=spec.b1, b2=spec.b2, weight_decay=spec.weight_decay
     ),
   )
+  return _precision.master_weights(chain) if spec.master_weights else chain
 
 
 def needs_field(algorithm: Algorithm, field: str) -> bool:

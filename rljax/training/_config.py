@@ -28,7 +28,10 @@ class ModelSpec:
   num_kv_heads: int = 2
   intermediate_size: int = 128
   max_position_embeddings: int = 64
-  dtype: str = "float32"
+  dtype: str = "float32"  # compute dtype
+  # Storage dtype of the weights; "bfloat16" halves them (pair it with
+  # optim.master_weights to keep float32 copies for the optimizer).
+  param_dtype: str = "float32"
   scan_unroll: int = 1  # layers per scan iteration (ModelConfig.scan_unroll)
   chat_template: bool = False  # wrap prompts in the tokenizer's template
   logprob_schedule: str = "auto"  # pallas_kernels schedule; "dense" to skip
@@ -101,6 +104,9 @@ class OptimSpec:
   b1: float = 0.9
   b2: float = 0.999
   grad_clip: float = 1.0
+  # Step float32 master copies of lower-precision (model.param_dtype)
+  # weights, with float32 moments; the model gets them rounded.
+  master_weights: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

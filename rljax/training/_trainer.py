@@ -58,6 +58,7 @@ from rljax._src.errors import UserError
 from rljax.training import _build
 from rljax.training import _groups
 from rljax.training import _hosts
+from rljax.training import _precision
 from rljax.training import _rollout
 from rljax.training import _run_dir
 from rljax.training import _warm_start
@@ -349,6 +350,13 @@ class Trainer:
     critic = (
       _build.value_model_like(model) if self.needs["old_values_PGT"] else None
     )
+    if c.optim.master_weights and self.algorithm.transform.step_scale:
+      raise UserError(
+        f"optim.master_weights=True: algorithm {c.algorithm.name!r} scales"
+        " each optimizer step (Transform.step_scale), which would move the"
+        " weights off their float32 master copies. Use master_weights=False"
+        " (with model.param_dtype='float32') for this algorithm."
+      )
     opt = _build.optimizer(c.optim)
     self.models = Models(
       policy=nnx.graphdef(model),
@@ -1082,8 +1090,22 @@ class Trainer:
       "parameters": int(
         sum(x.size for x in jax.tree.leaves(self.state.policy.params))
       ),
+      "train_state_mib": self._state_mib(),
       "metrics": metrics,
     }
+
+  def _state_mib(self) -> dict[str, float]:
+    """MiB of each part of the train state (global, not per device)."""
+    s = self.state
+    parts = {
+      "params": s.policy.params,
+      "optimizer": s.policy.opt_state,
+      "reference": s.reference,
+      "value": s.value,
+    }
+    mib = {k: _precision.tree_bytes(v) / 2**20 for k, v in parts.items()}
+    mib["total"] = sum(mib.values())
+    return {k: round(v, 3) for k, v in mib.items()}
 
   # --- evaluation -----------------------------------------------------------
 

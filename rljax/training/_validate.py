@@ -19,6 +19,7 @@ from rljax.training._config import RunConfig
 
 _SOURCES = "'scratch', 'smollm2', 'gguf:<path>' or 'hf:<directory>'"
 _DTYPES = ("float32", "bfloat16", "float16")
+_PARAM_DTYPES = ("float32", "bfloat16")
 _SCHEDULES = ("auto", "dense", "chunked", "pallas_tpu", "pallas_gpu")
 _NONFINITE = ("stop", "skip")
 _ENGINES = ("continuous", "static")
@@ -88,6 +89,10 @@ def _model(m, section: str = "model") -> None:
     )
   if m.dtype not in _DTYPES:
     _fail(f"{section}.dtype", m.dtype, f"must be one of {_DTYPES}")
+  if m.param_dtype not in _PARAM_DTYPES:
+    _fail(
+      f"{section}.param_dtype", m.param_dtype, f"must be one of {_PARAM_DTYPES}"
+    )
   if m.logprob_schedule not in _SCHEDULES:
     _fail(
       f"{section}.logprob_schedule",
@@ -321,6 +326,14 @@ def validate(config: RunConfig) -> RunConfig:
   _sampler(config.sampler)
   _algorithm(config.algorithm)
   _optim(config.optim)
+  if config.optim.master_weights and config.model.param_dtype == "float32":
+    _fail(
+      "optim.master_weights",
+      True,
+      "keeps float32 copies of lower-precision weights, but"
+      " model.param_dtype='float32'",
+      "Set model.param_dtype='bfloat16', or master_weights=False.",
+    )
   _train(config.train)
   _output(config.output)
   _data(config.data)
