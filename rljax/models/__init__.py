@@ -1,5 +1,7 @@
-"""Decoder-only transformers (Llama, Qwen2, Qwen3 families) in Flax NNX."""
+"""Decoder-only transformers (Llama, Qwen2, Qwen3, Gemma 1-3 families) in
+Flax NNX."""
 
+from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._logprobs import grouped_completion_logprobs
@@ -14,6 +16,7 @@ from rljax.models._transformer import positions_from_mask
 
 __all__ = [
   "KVCache",
+  "LinearRopeScaling",
   "ModelConfig",
   "PagedCache",
   "RopeScaling",
