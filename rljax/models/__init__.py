@@ -10,6 +10,7 @@ from rljax.models._transformer import KVCache
 from rljax.models._transformer import PagedCache
 from rljax.models._transformer import Transformer
 from rljax.models._transformer import ValueModel
+from rljax.models._transformer import cache_bytes
 from rljax.models._transformer import init_cache
 from rljax.models._transformer import init_pages
 from rljax.models._transformer import positions_from_mask
@@ -22,6 +23,7 @@ __all__ = [
   "RopeScaling",
   "Transformer",
   "ValueModel",
+  "cache_bytes",
   "grouped_completion_logprobs",
   "init_cache",
   "init_pages",

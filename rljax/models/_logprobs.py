@@ -141,7 +141,7 @@ def grouped_completion_logprobs(
   _, g, t = tokens.shape
   prompt_mask = jnp.asarray(prompt_mask_PS, jnp.int32)
   mask = jnp.asarray(mask_PGT, jnp.float32).reshape(p * g, t)
-  prefill = init_cache(model.config, p, s)
+  prefill = init_cache(model.config, p, s, windowed=False)
   prompt_hidden, prefix = model.hidden_states(
     prompt,
     prompt_mask,

@@ -11,6 +11,8 @@ are left-padded). Padding keys are never attended to, and positions count
 real tokens only, so a padded row computes exactly what it would alone.
 """
 
+from collections.abc import Callable
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -25,11 +27,19 @@ from rljax.models._config import ModelConfig
 
 
 class KVCache(NamedTuple):
-  """Keys and values of every layer for `max_length` slots."""
+  """Keys and values of every layer for `max_length` slots.
 
-  k: jax.Array  # [L, B, max_length, N, K]
-  v: jax.Array  # [L, B, max_length, N, K]
+  Windowed (``k_local`` set, see `init_cache`): ``k`` / ``v`` hold the
+  full-attention layers only, in layer order, and each sliding-window layer
+  keeps a ring buffer of W = min(sliding_window, max_length) slots: slot s
+  lives at ring slot s % W, so its memory does not grow with max_length.
+  """
+
+  k: jax.Array  # [L (full layers when windowed), B, max_length, N, K]
+  v: jax.Array  # [L (full layers when windowed), B, max_length, N, K]
   mask: jax.Array  # [B, max_length] 1 where a slot holds a real token
+  k_local: Optional[jax.Array] = None  # [L sliding, B, W, N, K]
+  v_local: Optional[jax.Array] = None  # [L sliding, B, W, N, K]
 
 
 class PagedCache(NamedTuple):
@@ -64,17 +74,36 @@ def init_pages(
   return zeros, zeros
 
 
-def init_cache(config: ModelConfig, batch: int, max_length: int) -> KVCache:
-  """An empty cache for `batch` rows of up to `max_length` tokens."""
-  shape = (
-    config.num_layers,
-    batch,
-    max_length,
-    config.num_kv_heads,
-    config.head_dim,
+def init_cache(
+  config: ModelConfig, batch: int, max_length: int, *, windowed: bool = True
+) -> KVCache:
+  """An empty cache for `batch` rows of up to `max_length` tokens.
+
+  With sliding-window layers (Gemma 2 / 3) and `windowed`, those layers get
+  ring buffers of min(sliding_window, max_length) slots (`KVCache`); else
+  every layer gets `max_length` slots (what a read-only ``prefix`` needs).
+  """
+  sliding = config.sliding_layers
+  windowed = windowed and any(sliding)
+  n_full = sum(not x for x in sliding) if windowed else config.num_layers
+  rest = (batch, max_length, config.num_kv_heads, config.head_dim)
+  zeros = jnp.zeros((n_full, *rest), config.dtype)
+  mask = jnp.zeros((batch, max_length), jnp.int32)
+  if not windowed:
+    return KVCache(zeros, zeros, mask)
+  width = min(config.sliding_window, max_length)
+  ring = jnp.zeros((sum(sliding), batch, width, *rest[2:]), config.dtype)
+  return KVCache(zeros, zeros, mask, ring, ring)
+
+
+def cache_bytes(cache: KVCache | PagedCache) -> int:
+  """Bytes of a cache's key / value buffers (all layers, k and v); works on
+  `jax.eval_shape`'s abstract caches too."""
+  return sum(
+    math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+    for x in jax.tree.leaves(cache)
+    if x.ndim >= 5
   )
-  zeros = jnp.zeros(shape, config.dtype)
-  return KVCache(zeros, zeros, jnp.zeros((batch, max_length), jnp.int32))
 
 
 def positions_from_mask(attention_mask_BS: ArrayLike) -> jax.Array:
@@ -302,6 +331,7 @@ def _dense_io(slots):
   then read the layer's whole cache back."""
 
   def io(i, k_all, v_all, k, v):
+    """(k, v to attend, updated k_all, v_all, None)."""
     start = (i, 0, slots, 0, 0)
     k_all = jax.lax.dynamic_update_slice(
       k_all, k.astype(k_all.dtype)[None], start
@@ -312,6 +342,66 @@ def _dense_io(slots):
     k = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
     v = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
     return k, v, k_all, v_all, None
+
+  return io
+
+
+def _ring_masks(cache_mask_BM, mask_BS, slots, width: int):
+  """[B, S, W + S] what the new tokens at slots [slots, slots + S) may
+  attend in a sliding-window layer: its ring buffer of `width` slots
+  (before the write; ring slot r holds the latest slot a < `slots` with
+  a = r mod W), then the new tokens themselves (causal, in the window)."""
+  q = slots + jnp.arange(mask_BS.shape[1])
+  held = slots - 1 - (slots - 1 - jnp.arange(width)) % width  # [W]
+  real = jnp.take(cache_mask_BM, jnp.maximum(held, 0), axis=1) > 0
+  ring = (held >= 0)[None] & real  # [B, W]
+  ring = ring[:, None, :] & (q[:, None] - held[None, :] < width)[None]
+  fresh = (q[None, :] <= q[:, None]) & (q[:, None] - q[None, :] < width)
+  fresh = fresh[None] & (mask_BS[:, None, :] > 0)
+  return jnp.concatenate([ring, fresh], axis=-1)
+
+
+def _ring_write(ring, j, new_BSNK, slots):
+  """Write the last min(S, W) new keys (or values) at their ring slots
+  (slot mod W) of sliding layer j, in place."""
+  s, width = new_BSNK.shape[1], ring.shape[2]
+  n = min(s, width)
+  at = (slots + s - n + jnp.arange(n)) % width
+  rows = jnp.arange(ring.shape[1])[:, None]
+  new = new_BSNK[:, s - n :].astype(ring.dtype)
+  return ring.at[j, rows, at[None]].set(new, mode="promise_in_bounds")
+
+
+def _windowed_io(slots, full_allowed, ring_allowed, all_sliding: bool):
+  """`_dense_io` for a windowed `KVCache`: a full layer reads and writes
+  its [max_length] slots, a sliding one its ring buffer (a `lax.cond` on
+  the scanned flag picks the store). Returns (attention, stores)."""
+
+  def full(j, attend, k, v, stores):
+    k_all, v_all, k_ring, v_ring = stores
+    k, v, k_all, v_all, _ = _dense_io(slots)(j, k_all, v_all, k, v)
+    return attend(k, v, full_allowed), (k_all, v_all, k_ring, v_ring)
+
+  def local(j, attend, k, v, stores):
+    k_all, v_all, k_ring, v_ring = stores
+    ring = (
+      jax.lax.dynamic_index_in_dim(k_ring, j, keepdims=False),
+      jax.lax.dynamic_index_in_dim(v_ring, j, keepdims=False),
+    )
+    out = attend((ring[0], k), (ring[1], v), ring_allowed)
+    k_ring = _ring_write(k_ring, j, k, slots)
+    v_ring = _ring_write(v_ring, j, v, slots)
+    return out, (k_all, v_all, k_ring, v_ring)
+
+  def io(j, sliding, stores, k, v, attend):
+    if all_sliding:
+      return local(j, attend, k, v, stores)
+    return jax.lax.cond(
+      sliding,
+      functools.partial(local, j, attend, k, v),
+      functools.partial(full, j, attend, k, v),
+      stores,
+    )
 
   return io
 
@@ -384,6 +474,12 @@ def _mlp(config, w, h):
   return _proj(w, "down_proj", _act(config, gate) * up, "bsf,fd->bsd")
 
 
+class _Windowed(NamedTuple):
+  """`_layer`'s io for a windowed `KVCache` (see `_windowed_io`)."""
+
+  io: Callable
+
+
 def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   """One decoder layer; `kv` is (layer index, all layers' k, v) or None,
   and `io` stores this layer's new keys / values (or returns them, as
@@ -405,8 +501,18 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
     k = _norm(c, k, w["k_norm"])
   q = apply_rope(q, positions, inv_freq)
   k = apply_rope(k, positions, inv_freq)
+  scale = c.query_pre_attn_scalar
+  scale = None if scale is None else scale**-0.5
+
+  def attend(k, v, mask):
+    cap = c.attn_logit_softcap
+    return _attention(q, _cast(k, dt), _cast(v, dt), mask, scale, cap)
+
   new = None
-  if kv is not None:
+  if isinstance(io, _Windowed):
+    # A windowed KVCache: kv is (store index, sliding, stores).
+    attn, kv = io.io(*kv, k, v, attend)
+  elif kv is not None:
     # Dense: write this layer's new slots into the whole [L, ...] cache, in
     # place, then read the layer back: as a loop carry XLA updates the
     # buffer without copying it (as scan xs/ys it copied every layer every
@@ -415,11 +521,8 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
     kv = (k_all, v_all)
   if shared is not None:
     k, v = (shared[0], k), (shared[1], v)
-  scale = c.query_pre_attn_scalar
-  scale = None if scale is None else scale**-0.5
-  attn = _attention(
-    q, _cast(k, dt), _cast(v, dt), allowed, scale, c.attn_logit_softcap
-  )
+  if not isinstance(io, _Windowed):
+    attn = attend(k, v, allowed)
   out = _proj(w, "o_proj", attn, "bshk,hkd->bsd")
   if c.post_norms:
     out = _norm(c, out, w["post_attn_norm"])
@@ -438,6 +541,17 @@ def _within_window(q_slots, k_slots, window: int) -> jax.Array:
   return q_slots[:, :, None] - k_slots[:, None, :] < window
 
 
+def _store_index(sliding: tuple[bool, ...]) -> np.ndarray:
+  """[L] each layer's index among the layers of its kind (full or sliding):
+  where a windowed `KVCache` keeps it."""
+  seen = {True: 0, False: 0}
+  out = []
+  for x in sliding:
+    out.append(seen[x])
+    seen[x] += 1
+  return np.asarray(out, np.int32)
+
+
 def _check_prefix(prefix, cache, rows: int) -> None:
   """A ``prefix`` is a `KVCache` whose rows divide the batch; no cache."""
   if cache is not None:
@@ -448,6 +562,12 @@ def _check_prefix(prefix, cache, rows: int) -> None:
   if not isinstance(prefix, KVCache):
     raise ValueError(
       f"prefix must be a KVCache (e.g. a prefill's); got {type(prefix)}."
+    )
+  if prefix.k_local is not None:
+    raise ValueError(
+      "prefix is a windowed KVCache (ring buffers for sliding layers); a"
+      " prefix needs every layer's keys: prefill into init_cache(...,"
+      " windowed=False)."
     )
   p = prefix.mask.shape[0]
   if rows % p:
@@ -633,6 +753,12 @@ class Transformer(nnx.Module):
       allowed_local = allowed & _within_window(
         q_slots, k_slots, c.sliding_window
       )
+    windowed = isinstance(cache, KVCache) and cache.k_local is not None
+    if windowed:
+      ring = _ring_masks(cache.mask, mask, cache_index, cache.k_local.shape[2])
+      io = _Windowed(
+        _windowed_io(cache_index, allowed, ring, all(c.sliding_layers))
+      )
     weights = {
       k: v[...]
       for k, v in vars(self.layers).items()
@@ -644,6 +770,8 @@ class Transformer(nnx.Module):
       x, kvs = carry
       w, i, shared, inv_freq, sliding = xs
       kv = None if kvs is None else (i, *kvs)
+      if windowed:
+        kv = (i, sliding, kvs)
       mask = allowed
       if allowed_local is not None:
         mask = jnp.where(sliding, allowed_local, allowed)
@@ -652,6 +780,9 @@ class Transformer(nnx.Module):
 
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
+    if windowed:
+      kvs = (cache.k, cache.v, cache.k_local, cache.v_local)
+      layer_ids = jnp.asarray(_store_index(c.sliding_layers))
     # The prefix's keys / values are scanned over as inputs (read-only).
     shared = None if prefix is None else (prefix.k, prefix.v)
     # Per-layer inputs: RoPE frequencies and whether the layer is local.
@@ -671,7 +802,7 @@ class Transformer(nnx.Module):
       lengths = cache.lengths_B + jnp.sum(mask, axis=1)
       cache = PagedCache(k_all, v_all, cache.pages_BM, lengths)
     elif cache is not None:
-      cache = KVCache(kvs[0], kvs[1], key_mask)
+      cache = KVCache(kvs[0], kvs[1], key_mask, *kvs[2:])
     return x, cache
 
   def logits(self, hidden_BSD: jax.Array) -> jax.Array:

@@ -251,3 +251,18 @@ def test_unsupported_gemma_features_are_named(hf_model, tmp_path):
     rope["full_attention"] = {"rope_type": "yarn", "factor": 2.0}
     with pytest.raises(CheckpointError, match="yarn"):
       checkpoints.config_from_hf(dict(hf, rope_parameters=rope))
+
+
+@pytest.mark.parametrize("arch", ["gemma", "gemma2", "gemma3"])
+def test_gguf_refuses_gemma(tmp_path, arch):
+  gguf = pytest.importorskip("gguf")
+  path = tmp_path / f"{arch}.gguf"
+  w = gguf.GGUFWriter(str(path), arch)
+  w.add_block_count(1)
+  w.add_tensor("token_embd.weight", np.ones((4, 8), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  with pytest.raises(CheckpointError, match=f"'{arch}'.*load_hf"):
+    checkpoints.load_gguf(path)
