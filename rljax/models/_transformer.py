@@ -49,6 +49,12 @@ class PagedCache(NamedTuple):
   offset ``j % page_size``. Rows that fork from one prefix list the same
   pages, so the prefix is stored once. Page 0 is scratch: padding tokens
   are written there and no row reads it as one of its own.
+
+  Sliding-window layers (Gemma 2 / 3) read the same pages as the others and
+  mask the keys outside their window: a row's pages hold every layer's
+  keys, so the pool is as large as without windows (the full-attention
+  layers need every token's keys; only the dense `KVCache` has ring
+  buffers for the windowed layers).
   """
 
   k: jax.Array  # [L, D shards, pages per shard, page_size, N, K]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax import checkpoints
 from rljax import models
 from rljax.models import ModelConfig
 
@@ -171,3 +172,53 @@ def test_windowed_prefix_is_refused():
   prefix = models.init_cache(model.config, 1, 4)
   with pytest.raises(ValueError, match="windowed=False"):
     model(jnp.ones((1, 2), jnp.int32), prefix=prefix)
+
+
+def test_grouped_completion_logprobs_equal_token_logprobs():
+  """Prefix Grouper's shared-prompt forward respects the window too."""
+  model = _model(_config())
+  completions = np.stack([NEXT, NEXT[::-1]], 1)  # [P=2, G=2, T]
+  comp_mask = np.ones_like(completions)
+  comp_mask[0, 1, -2:] = 0
+  got, _ = nnx.jit(models.grouped_completion_logprobs)(
+    model, PROMPT, PROMPT_MASK, completions, comp_mask
+  )
+  rows = np.concatenate(
+    [np.repeat(PROMPT, 2, 0), completions.reshape(4, -1)], 1
+  )
+  mask = np.concatenate(
+    [np.repeat(PROMPT_MASK, 2, 0), comp_mask.reshape(4, -1)], 1
+  )
+  want, _ = nnx.jit(models.token_logprobs)(model, rows, mask)
+  t = completions.shape[-1]
+  np.testing.assert_allclose(
+    np.asarray(got).reshape(4, t), np.asarray(want)[:, -t:], atol=2e-5
+  )
+
+
+def test_gemma3_config_in_the_transformers_4_style():
+  """Hub Gemma 3 config.json files written before transformers 5: top-level
+  rope_theta / rope_scaling, rope_local_base_freq, no layer_types."""
+  hf = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "vocab_size": 50,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 7,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 8,
+    "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "query_pre_attn_scalar": 8,
+  }
+  c = checkpoints.config_from_hf(hf)
+  assert c.sliding_layers == (True,) * 5 + (False, True)
+  assert (c.rope_theta, c.local_rope_theta) == (1_000_000.0, 10_000.0)
+  assert c.rope_scaling == models.LinearRopeScaling(factor=8.0)
+  assert c.final_logit_softcap is None and c.attn_logit_softcap is None
+  assert c.qk_norm and c.post_norms and c.tie_embeddings
