@@ -491,7 +491,9 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   and `io` stores this layer's new keys / values (or returns them, as
   `new`, to be stored later) and gives back the keys / values to attend.
   `shared` is this layer's read-only prefix (k, v), attended before the
-  new tokens (`Transformer.hidden_states`'s ``prefix``)."""
+  new tokens (`Transformer.hidden_states`'s ``prefix``). With a windowed
+  `KVCache`, `io` is `_Windowed` and `kv` is (index in the layer's store,
+  whether the layer is sliding, the stores); it attends as well."""
   c, dt = config, x.dtype
   h = _norm(c, x, w["attn_norm"])
   q = _proj(w, "q_proj", h, "bsd,dhk->bshk")
