@@ -11,8 +11,6 @@ are left-padded). Padding keys are never attended to, and positions count
 real tokens only, so a padded row computes exactly what it would alone.
 """
 
-from collections.abc import Callable
-import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -22,6 +20,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 import numpy as np
 
+from rljax.models import _window
 from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
 
@@ -352,66 +351,6 @@ def _dense_io(slots):
   return io
 
 
-def _ring_masks(cache_mask_BM, mask_BS, slots, width: int):
-  """[B, S, W + S] what the new tokens at slots [slots, slots + S) may
-  attend in a sliding-window layer: its ring buffer of `width` slots
-  (before the write; ring slot r holds the latest slot a < `slots` with
-  a = r mod W), then the new tokens themselves (causal, in the window)."""
-  q = slots + jnp.arange(mask_BS.shape[1])
-  held = slots - 1 - (slots - 1 - jnp.arange(width)) % width  # [W]
-  real = jnp.take(cache_mask_BM, jnp.maximum(held, 0), axis=1) > 0
-  ring = (held >= 0)[None] & real  # [B, W]
-  ring = ring[:, None, :] & (q[:, None] - held[None, :] < width)[None]
-  fresh = (q[None, :] <= q[:, None]) & (q[:, None] - q[None, :] < width)
-  fresh = fresh[None] & (mask_BS[:, None, :] > 0)
-  return jnp.concatenate([ring, fresh], axis=-1)
-
-
-def _ring_write(ring, j, new_BSNK, slots):
-  """Write the last min(S, W) new keys (or values) at their ring slots
-  (slot mod W) of sliding layer j, in place."""
-  s, width = new_BSNK.shape[1], ring.shape[2]
-  n = min(s, width)
-  at = (slots + s - n + jnp.arange(n)) % width
-  rows = jnp.arange(ring.shape[1])[:, None]
-  new = new_BSNK[:, s - n :].astype(ring.dtype)
-  return ring.at[j, rows, at[None]].set(new, mode="promise_in_bounds")
-
-
-def _windowed_io(slots, full_allowed, ring_allowed, all_sliding: bool):
-  """`_dense_io` for a windowed `KVCache`: a full layer reads and writes
-  its [max_length] slots, a sliding one its ring buffer (a `lax.cond` on
-  the scanned flag picks the store). Returns (attention, stores)."""
-
-  def full(j, attend, k, v, stores):
-    k_all, v_all, k_ring, v_ring = stores
-    k, v, k_all, v_all, _ = _dense_io(slots)(j, k_all, v_all, k, v)
-    return attend(k, v, full_allowed), (k_all, v_all, k_ring, v_ring)
-
-  def local(j, attend, k, v, stores):
-    k_all, v_all, k_ring, v_ring = stores
-    ring = (
-      jax.lax.dynamic_index_in_dim(k_ring, j, keepdims=False),
-      jax.lax.dynamic_index_in_dim(v_ring, j, keepdims=False),
-    )
-    out = attend((ring[0], k), (ring[1], v), ring_allowed)
-    k_ring = _ring_write(k_ring, j, k, slots)
-    v_ring = _ring_write(v_ring, j, v, slots)
-    return out, (k_all, v_all, k_ring, v_ring)
-
-  def io(j, sliding, stores, k, v, attend):
-    if all_sliding:
-      return local(j, attend, k, v, stores)
-    return jax.lax.cond(
-      sliding,
-      functools.partial(local, j, attend, k, v),
-      functools.partial(full, j, attend, k, v),
-      stores,
-    )
-
-  return io
-
-
 def _shard_ids(rows: int, d: int) -> jax.Array:
   """[rows, 1] the pool shard of each row: rows ``[d B/D, (d + 1) B/D)``
   use shard d. An iota, so XLA's partitioner sees the shard axis as
@@ -480,19 +419,13 @@ def _mlp(config, w, h):
   return _proj(w, "down_proj", _act(config, gate) * up, "bsf,fd->bsd")
 
 
-class _Windowed(NamedTuple):
-  """`_layer`'s io for a windowed `KVCache` (see `_windowed_io`)."""
-
-  io: Callable
-
-
 def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   """One decoder layer; `kv` is (layer index, all layers' k, v) or None,
   and `io` stores this layer's new keys / values (or returns them, as
   `new`, to be stored later) and gives back the keys / values to attend.
   `shared` is this layer's read-only prefix (k, v), attended before the
   new tokens (`Transformer.hidden_states`'s ``prefix``). With a windowed
-  `KVCache`, `io` is `_Windowed` and `kv` is (index in the layer's store,
+  `KVCache`, `io` is `_window.Windowed` and `kv` is (index in the layer's store,
   whether the layer is sliding, the stores); it attends as well."""
   c, dt = config, x.dtype
   h = _norm(c, x, w["attn_norm"])
@@ -517,7 +450,7 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
     return _attention(q, _cast(k, dt), _cast(v, dt), mask, scale, cap)
 
   new = None
-  if isinstance(io, _Windowed):
+  if isinstance(io, _window.Windowed):
     # A windowed KVCache: kv is (store index, sliding, stores).
     attn, kv = io.io(*kv, k, v, attend)
   elif kv is not None:
@@ -529,7 +462,7 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
     kv = (k_all, v_all)
   if shared is not None:
     k, v = (shared[0], k), (shared[1], v)
-  if not isinstance(io, _Windowed):
+  if not isinstance(io, _window.Windowed):
     attn = attend(k, v, allowed)
   out = _proj(w, "o_proj", attn, "bshk,hkd->bsd")
   if c.post_norms:
@@ -539,25 +472,6 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   if c.post_norms:
     out = _norm(c, out, w["post_mlp_norm"])
   return x + out, kv, new
-
-
-def _within_window(q_slots, k_slots, window: int) -> jax.Array:
-  """[B or 1, S, T] whether each key slot is one of the `window` slots up to
-  and including the query's (HF's sliding-window mask). A row's real
-  tokens occupy consecutive slots (left-padded prompt, then what follows),
-  so this is its last `window` tokens."""
-  return q_slots[:, :, None] - k_slots[:, None, :] < window
-
-
-def _store_index(sliding: tuple[bool, ...]) -> np.ndarray:
-  """[L] each layer's index among the layers of its kind (full or sliding):
-  where a windowed `KVCache` keeps it."""
-  seen = {True: 0, False: 0}
-  out = []
-  for x in sliding:
-    out.append(seen[x])
-    seen[x] += 1
-  return np.asarray(out, np.int32)
 
 
 def _check_prefix(prefix, cache, rows: int) -> None:
@@ -758,14 +672,22 @@ class Transformer(nnx.Module):
       k_slots = jnp.concatenate([jnp.arange(width)[None], k_slots + width], 1)
     allowed_local = None
     if any(c.sliding_layers):
-      allowed_local = allowed & _within_window(
+      allowed_local = allowed & _window.within_window(
         q_slots, k_slots, c.sliding_window
       )
     windowed = isinstance(cache, KVCache) and cache.k_local is not None
     if windowed:
-      ring = _ring_masks(cache.mask, mask, cache_index, cache.k_local.shape[2])
-      io = _Windowed(
-        _windowed_io(cache_index, allowed, ring, all(c.sliding_layers))
+      ring = _window.ring_masks(
+        cache.mask, mask, cache_index, cache.k_local.shape[2]
+      )
+      io = _window.Windowed(
+        _window.windowed_io(
+          _dense_io(cache_index),
+          cache_index,
+          allowed,
+          ring,
+          all(c.sliding_layers),
+        )
       )
     weights = {
       k: v[...]
@@ -790,7 +712,7 @@ class Transformer(nnx.Module):
     layer_ids = jnp.arange(c.num_layers)
     if windowed:
       kvs = (cache.k, cache.v, cache.k_local, cache.v_local)
-      layer_ids = jnp.asarray(_store_index(c.sliding_layers))
+      layer_ids = jnp.asarray(_window.store_index(c.sliding_layers))
     # The prefix's keys / values are scanned over as inputs (read-only).
     shared = None if prefix is None else (prefix.k, prefix.v)
     # Per-layer inputs: RoPE frequencies and whether the layer is local.
