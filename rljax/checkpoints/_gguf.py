@@ -281,6 +281,13 @@ def _config(reader: gguf.GGUFReader, path: str) -> dict[str, Any]:
     default if (f := reader.get_field(key)) is None else f.contents()
   )
   arch = get("general.architecture")
+  if isinstance(arch, str) and arch.startswith("gemma"):
+    raise CheckpointError(
+      f"{path}: GGUF general.architecture {arch!r} is not supported: rljax"
+      " does not read Gemma GGUF files (llama.cpp stores Gemma's norms as"
+      " 1 + w and its own layout). Load the Hugging Face safetensors"
+      " checkpoint with rljax.checkpoints.load_hf instead."
+    )
   if arch not in _ARCHITECTURES:
     raise CheckpointError(
       f"{path}: unsupported GGUF general.architecture {arch!r}; supported"

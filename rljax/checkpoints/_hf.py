@@ -25,6 +25,9 @@ import numpy as np
 import safetensors.numpy
 
 from rljax._src.errors import CheckpointError
+from rljax.models._config import FULL
+from rljax.models._config import SLIDING
+from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._transformer import Transformer
@@ -33,7 +36,12 @@ ARCHITECTURES = {
   "LlamaForCausalLM": "llama",
   "Qwen2ForCausalLM": "qwen2",
   "Qwen3ForCausalLM": "qwen3",
+  "GemmaForCausalLM": "gemma",
+  "Gemma2ForCausalLM": "gemma2",
+  "Gemma3ForCausalLM": "gemma3",
 }
+# config.json's model_type, where it is not the family's name.
+_MODEL_TYPES = {"gemma3": "gemma3_text"}
 
 # rljax layer weight -> (HF name inside model.layers.{i}, kind)
 _LAYER = {
@@ -52,6 +60,18 @@ _LAYER = {
   "up_proj": ("mlp.up_proj.weight", "linear"),
   "down_proj": ("mlp.down_proj.weight", "linear"),
 }
+# Gemma 2 and 3 norm after attention and around the MLP: HF's
+# post_attention_layernorm is the post-attention norm there, not the MLP's.
+_POST_NORMS = {
+  "mlp_norm": ("pre_feedforward_layernorm.weight", "vector"),
+  "post_attn_norm": ("post_attention_layernorm.weight", "vector"),
+  "post_mlp_norm": ("post_feedforward_layernorm.weight", "vector"),
+}
+
+
+def _layer_names(config: ModelConfig) -> dict[str, tuple[str, str]]:
+  """rljax layer weight -> (HF name, kind) for `config`'s family."""
+  return {**_LAYER, **_POST_NORMS} if config.post_norms else _LAYER
 
 
 _REDOWNLOAD = "Re-download the checkpoint or export it again."
@@ -67,18 +87,27 @@ class MissingTensorError(CheckpointError, KeyError):
   __str__ = BaseException.__str__  # KeyError's would quote the message.
 
 
-def _rope(hf: dict[str, Any], where: str) -> tuple[float, Any]:
-  """rope theta and scaling from either config.json style."""
-  params = hf.get("rope_parameters") or {}  # transformers >= 5
-  theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
-  scaling = hf.get("rope_scaling") or params
+def _rope(
+  hf: dict[str, Any], where: str, params=None, theta=10_000.0
+) -> tuple[float, Any]:
+  """rope theta and scaling from either config.json style (`params`: a
+  layer type's ``rope_parameters``, Gemma 3)."""
+  if params is None:
+    params = hf.get("rope_parameters") or {}  # transformers >= 5
+    scaling = hf.get("rope_scaling") or params
+  else:
+    scaling = params
+  theta = params.get("rope_theta", hf.get("rope_theta", theta))
   kind = scaling.get("rope_type", scaling.get("type", "default"))
   if kind in (None, "default"):
     return theta, None
+  if kind == "linear":
+    factor = _require(scaling, "factor", f"{where} rope_scaling")
+    return theta, LinearRopeScaling(factor=factor)
   if kind != "llama3":
     raise CheckpointError(
       f"{where} rope_type {kind!r} is not supported; supported: default,"
-      " llama3."
+      " linear, llama3."
     )
   keys = (
     "factor",
@@ -182,6 +211,8 @@ def _config_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
       f" supported; supported: {sorted(ARCHITECTURES)}."
     )
   family = ARCHITECTURES[arch]
+  if family.startswith("gemma"):
+    return _gemma_fields(hf, family, where)
   _unsupported(hf, family, where)
   theta, scaling = _rope(hf, where)
   hidden, heads = (
@@ -207,6 +238,105 @@ def _config_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
     max_position_embeddings=hf.get(
       "max_position_embeddings", 2048 if family == "llama" else 32768
     ),
+  )
+
+
+def _gemma_unsupported(hf: dict[str, Any], family: str, where: str) -> None:
+  """Raise for Gemma config.json features this decoder does not implement."""
+  act = hf.get("hidden_activation") or hf.get("hidden_act")
+  features = {
+    "attention_bias": hf.get("attention_bias"),
+    "use_bidirectional_attention": hf.get("use_bidirectional_attention"),
+    # Gemma 1's legacy "gelu" means the tanh approximation (transformers).
+    "hidden_activation": act not in (None, "gelu_pytorch_tanh", "gelu"),
+  }
+  for key, present in features.items():
+    if present:
+      value = hf.get(key, act)
+      raise CheckpointError(
+        f"{where} {key}={value!r} is not supported by rljax's {family} decoder."
+      )
+
+
+def _gemma_rope(hf: dict[str, Any], family: str, where: str):
+  """(rope_theta, rope_scaling, local_rope_theta) of a Gemma config."""
+  if family != "gemma3":
+    return (*_rope(hf, where), None)
+  params = hf.get("rope_parameters") or {}
+  if SLIDING in params or FULL in params:  # transformers >= 5: per layer type
+    full = _rope(hf, f"{where} rope_parameters.{FULL}", params.get(FULL) or {})
+    local, scaling = _rope(
+      hf, f"{where} rope_parameters.{SLIDING}", params.get(SLIDING) or {}
+    )
+    if scaling is not None:
+      raise CheckpointError(
+        f"{where} rope_parameters.{SLIDING}.rope_type"
+        f" {params[SLIDING].get('rope_type')!r} is not supported: rljax"
+        " scales only the full-attention layers' RoPE."
+      )
+    return (*full, local)
+  theta, scaling = _rope(hf, where, theta=1_000_000.0)
+  return theta, scaling, hf.get("rope_local_base_freq", 10_000.0)
+
+
+def _layer_types(hf: dict[str, Any], family: str, layers: int, where: str):
+  """Gemma 2 / 3 ``layer_types`` as a tuple (transformers' default when
+  absent: every 2nd / 6th layer global)."""
+  types = hf.get("layer_types")
+  if types is None:
+    period = 2 if family == "gemma2" else hf.get("sliding_window_pattern", 6)
+    types = [SLIDING if (i + 1) % period else FULL for i in range(layers)]
+  if not isinstance(types, list) or any(
+    t not in (SLIDING, FULL) for t in types
+  ):
+    raise CheckpointError(
+      f"{where} layer_types={types!r} is not supported: each entry must be"
+      f" {SLIDING!r} or {FULL!r}."
+    )
+  return tuple(types)
+
+
+def _gemma_fields(hf: dict[str, Any], family: str, where: str):
+  """`ModelConfig` keyword arguments from a Gemma 1/2/3 config.json."""
+  _gemma_unsupported(hf, family, where)
+  theta, scaling, local_theta = _gemma_rope(hf, family, where)
+  heads = _size(hf, "num_attention_heads", where)
+  layers = _size(hf, "num_hidden_layers", where)
+  fields = dict(
+    vocab_size=_size(hf, "vocab_size", where),
+    hidden_size=_size(hf, "hidden_size", where),
+    intermediate_size=_size(hf, "intermediate_size", where),
+    num_layers=layers,
+    num_heads=heads,
+    num_kv_heads=_size(hf, "num_key_value_heads", where, heads),
+    head_dim=_size(hf, "head_dim", where, 256),
+    rope_theta=theta,
+    rope_scaling=scaling,
+    rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+    tie_embeddings=hf.get("tie_word_embeddings", True),
+    qk_norm=family == "gemma3",
+    max_position_embeddings=hf.get(
+      "max_position_embeddings", 131072 if family == "gemma3" else 8192
+    ),
+    embed_scale=True,
+    norm_offset=True,
+    activation="gelu_tanh",
+  )
+  if family == "gemma":
+    return fields
+  caps = (30.0, 50.0) if family == "gemma2" else (None, None)
+  # transformers' Gemma 3 attention never applies attn_logit_softcapping
+  # (its config keeps the key); rljax computes what transformers does.
+  attn_cap = hf.get("attn_logit_softcapping", caps[1])
+  return dict(
+    fields,
+    post_norms=True,
+    query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256),
+    final_logit_softcap=hf.get("final_logit_softcapping", caps[0]),
+    attn_logit_softcap=attn_cap if family == "gemma2" else None,
+    sliding_window=hf.get("sliding_window", 4096),
+    layer_types=_layer_types(hf, family, layers, where),
+    local_rope_theta=local_theta,
   )
 
 
@@ -382,7 +512,7 @@ def _fill(model: Transformer, tensors, where: _Where) -> None:
     used.add("lm_head.weight")
     w = get("lm_head.weight", model.lm_head.shape[::-1])
     model.lm_head.set_value(jax.numpy.asarray(w.T))
-  for name, (hf_name, kind) in _LAYER.items():
+  for name, (hf_name, kind) in _layer_names(c).items():
     if not hasattr(model.layers, name):
       continue
     param = getattr(model.layers, name)
@@ -406,7 +536,7 @@ def hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
     out["lm_head.weight"] = np.ascontiguousarray(
       np.asarray(model.lm_head[...], np.float32).T
     )
-  for name, (hf_name, kind) in _LAYER.items():
+  for name, (hf_name, kind) in _layer_names(c).items():
     if not hasattr(model.layers, name):
       continue
     stacked = np.asarray(getattr(model.layers, name)[...], np.float32)
@@ -419,7 +549,34 @@ def hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
 
 def hf_config(config: ModelConfig) -> dict[str, Any]:
   """A transformers config.json dict (``rope_theta``/``rope_scaling`` style,
-  which transformers 4 and 5 both read)."""
+  which transformers 4 and 5 both read; Gemma 3's per-layer-type
+  ``rope_parameters``, transformers >= 5)."""
+  if config.norm_offset:
+    return _gemma_config(config)
+  gemma = [
+    name
+    for name in (
+      "embed_scale",
+      "post_norms",
+      "query_pre_attn_scalar",
+      "attn_logit_softcap",
+      "final_logit_softcap",
+      "layer_types",
+      "local_rope_theta",
+    )
+    if getattr(config, name)
+  ]
+  if gemma or config.activation != "silu":
+    raise ValueError(
+      f"{gemma or ['activation']} are Gemma features, but norm_offset is"
+      " False (Gemma's 1 + w RMSNorm); no transformers architecture has"
+      " them with Llama's norm. Set norm_offset=True to export as Gemma."
+    )
+  if isinstance(config.rope_scaling, LinearRopeScaling):
+    raise ValueError(
+      "linear rope_scaling is exported for Gemma 3 only; a Llama-family"
+      " config takes RopeScaling (llama3)."
+    )
   if config.qk_norm and config.qkv_bias:
     raise ValueError(
       "no transformers architecture has qk_norm with biases on q, k and v"
@@ -451,6 +608,90 @@ def hf_config(config: ModelConfig) -> dict[str, Any]:
   }
   if config.rope_scaling is not None:
     out["rope_scaling"] = {"rope_type": "llama3", **vars(config.rope_scaling)}
+  return out
+
+
+def _gemma_family(c: ModelConfig) -> str:
+  """Which Gemma generation `c` is, checking it has that generation's fixed
+  features (ValueError naming the field otherwise)."""
+  family = ("gemma3" if c.qk_norm else "gemma2") if c.post_norms else "gemma"
+  wrong = {
+    "embed_scale": not c.embed_scale,
+    "activation": c.activation != "gelu_tanh",
+    "qkv_bias": c.qkv_bias,
+    "qk_norm": family == "gemma" and c.qk_norm,
+    "local_rope_theta": family != "gemma3" and c.local_rope_theta is not None,
+    "rope_scaling": family != "gemma3" and c.rope_scaling is not None,
+    # transformers' Gemma 3 ignores attn_logit_softcapping.
+    "attn_logit_softcap": family == "gemma3" and c.attn_logit_softcap,
+  }
+  if family == "gemma":
+    for name in (
+      "query_pre_attn_scalar",
+      "attn_logit_softcap",
+      "final_logit_softcap",
+      "layer_types",
+    ):
+      wrong[name] = getattr(c, name) is not None
+  if isinstance(c.rope_scaling, RopeScaling):
+    wrong["rope_scaling"] = True
+  bad = [name for name, is_bad in wrong.items() if is_bad]
+  if bad:
+    raise ValueError(
+      f"cannot export as {family} (chosen by norm_offset, post_norms and"
+      f" qk_norm): {bad} differ from what that transformers architecture"
+      " supports (Gemma: embed_scale, gelu_tanh, no biases; soft-capping,"
+      " sliding windows and query_pre_attn_scalar from Gemma 2, attention"
+      " soft-capping in Gemma 2 only; qk_norm, local_rope_theta and linear"
+      " rope_scaling in Gemma 3 only)."
+    )
+  return family
+
+
+def _integral(x: float) -> float | int:
+  """`x` as an int when it is one (transformers types some of these int)."""
+  return int(x) if float(x).is_integer() else x
+
+
+def _gemma_config(c: ModelConfig) -> dict[str, Any]:
+  """`hf_config` of a Gemma 1, 2 or 3 config."""
+  family = _gemma_family(c)
+  arch = {v: k for k, v in ARCHITECTURES.items()}[family]
+  out = {
+    "architectures": [arch],
+    "model_type": _MODEL_TYPES.get(family, family),
+    "vocab_size": c.vocab_size,
+    "hidden_size": c.hidden_size,
+    "intermediate_size": c.intermediate_size,
+    "num_hidden_layers": c.num_layers,
+    "num_attention_heads": c.num_heads,
+    "num_key_value_heads": c.num_kv_heads,
+    "head_dim": c.head_dim,
+    "rms_norm_eps": c.rms_norm_eps,
+    "max_position_embeddings": c.max_position_embeddings,
+    "tie_word_embeddings": c.tie_embeddings,
+    "torch_dtype": "float32",
+  }
+  rope = {"rope_type": "default", "rope_theta": c.rope_theta}
+  if family == "gemma":
+    return dict(out, hidden_act="gelu_pytorch_tanh", rope_parameters=rope)
+  out.update(
+    hidden_activation="gelu_pytorch_tanh",
+    query_pre_attn_scalar=_integral(c.query_pre_attn_scalar or c.head_dim),
+    final_logit_softcapping=c.final_logit_softcap,
+    attn_logit_softcapping=c.attn_logit_softcap,
+    sliding_window=c.sliding_window or c.max_position_embeddings,
+    layer_types=[SLIDING if s else FULL for s in c.sliding_layers],
+  )
+  if family == "gemma2":
+    return dict(out, rope_parameters=rope)
+  if c.rope_scaling is not None:
+    rope.update(rope_type="linear", factor=c.rope_scaling.factor)
+  local = c.rope_theta if c.local_rope_theta is None else c.local_rope_theta
+  out["rope_parameters"] = {
+    FULL: rope,
+    SLIDING: {"rope_type": "default", "rope_theta": local},
+  }
   return out
 
 

@@ -1,5 +1,7 @@
-"""Decoder-only transformers (Llama, Qwen2, Qwen3 families) in Flax NNX."""
+"""Decoder-only transformers (Llama, Qwen2, Qwen3, Gemma 1-3 families) in
+Flax NNX."""
 
+from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._logprobs import grouped_completion_logprobs
@@ -8,17 +10,20 @@ from rljax.models._transformer import KVCache
 from rljax.models._transformer import PagedCache
 from rljax.models._transformer import Transformer
 from rljax.models._transformer import ValueModel
+from rljax.models._transformer import cache_bytes
 from rljax.models._transformer import init_cache
 from rljax.models._transformer import init_pages
 from rljax.models._transformer import positions_from_mask
 
 __all__ = [
   "KVCache",
+  "LinearRopeScaling",
   "ModelConfig",
   "PagedCache",
   "RopeScaling",
   "Transformer",
   "ValueModel",
+  "cache_bytes",
   "grouped_completion_logprobs",
   "init_cache",
   "init_pages",

@@ -1,4 +1,5 @@
-"""Architecture hyperparameters of the decoder family (Llama, Qwen2, Qwen3)."""
+"""Architecture hyperparameters of the decoder family (Llama, Qwen2, Qwen3,
+Gemma 1-3)."""
 
 import dataclasses
 from typing import Optional
@@ -25,6 +26,20 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LinearRopeScaling:
+  """Position interpolation: frequencies divided by `factor` (HF
+  ``rope_type="linear"``, e.g. Gemma 3's global layers)."""
+
+  factor: float
+
+  def __post_init__(self):
+    checks.positive(factor=self.factor)
+
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
   """A decoder-only transformer: GQA, RoPE, RMSNorm, SwiGLU.
 
@@ -38,6 +53,17 @@ class ModelConfig:
   for the backward pass), which dominates for shallow, narrow models (a
   2-layer toy model's train step is about 1.3x faster on CPU unrolled);
   compile time grows with it, so deep models keep the default of 1.
+
+  Gemma: ``embed_scale=True`` (embeddings times sqrt(D)), ``norm_offset=True``
+  (RMSNorm ``x * (1 + w)``, w stored as HF stores it), ``activation=
+  "gelu_tanh"`` (GeGLU). Gemma 2 adds ``post_norms`` (norms after attention
+  and MLP too: four per layer), ``query_pre_attn_scalar`` (scores scaled by
+  its inverse square root instead of head_dim's), ``attn_logit_softcap`` and
+  ``final_logit_softcap`` (``cap * tanh(s / cap)``), and ``layer_types``: per
+  layer, "sliding_attention" (a token attends to the ``sliding_window``
+  tokens up to and including itself) or "full_attention". Gemma 3 adds
+  ``qk_norm`` and ``local_rope_theta``, the RoPE base of the sliding layers
+  (``rope_theta`` and ``rope_scaling`` are the full layers').
   """
 
   vocab_size: int
@@ -48,7 +74,7 @@ class ModelConfig:
   num_kv_heads: int
   head_dim: int
   rope_theta: float = 10_000.0
-  rope_scaling: Optional[RopeScaling] = None
+  rope_scaling: Optional[RopeScaling | LinearRopeScaling] = None
   rms_norm_eps: float = 1e-6
   tie_embeddings: bool = True
   qkv_bias: bool = False
@@ -57,6 +83,22 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_unroll: int = 1
+  embed_scale: bool = False
+  norm_offset: bool = False
+  activation: str = "silu"
+  post_norms: bool = False
+  query_pre_attn_scalar: Optional[float] = None
+  attn_logit_softcap: Optional[float] = None
+  final_logit_softcap: Optional[float] = None
+  sliding_window: Optional[int] = None
+  layer_types: Optional[tuple[str, ...]] = None
+  local_rope_theta: Optional[float] = None
+
+  @property
+  def sliding_layers(self) -> tuple[bool, ...]:
+    """Per layer, whether it attends within ``sliding_window`` only."""
+    types = self.layer_types or (FULL,) * self.num_layers
+    return tuple(t == SLIDING for t in types)
 
   def __post_init__(self):
     checks.positive(
@@ -80,3 +122,34 @@ class ModelConfig:
       raise ValueError(f"head_dim must be even for RoPE; got {self.head_dim}.")
     checks.one_of("dtype", self.dtype, ["float32", "bfloat16", "float16"])
     checks.one_of("param_dtype", self.param_dtype, ["float32", "bfloat16"])
+    checks.one_of("activation", self.activation, ["silu", "gelu_tanh"])
+    for name in (
+      "query_pre_attn_scalar",
+      "attn_logit_softcap",
+      "final_logit_softcap",
+      "sliding_window",
+      "local_rope_theta",
+    ):
+      if getattr(self, name) is not None:
+        checks.positive(**{name: getattr(self, name)})
+    self._check_layer_types()
+
+  def _check_layer_types(self):
+    if self.layer_types is None:
+      return
+    if not isinstance(self.layer_types, tuple):
+      raise ValueError(
+        f"layer_types must be a tuple (hashable); got {self.layer_types!r}."
+      )
+    if len(self.layer_types) != self.num_layers:
+      raise ValueError(
+        f"layer_types has {len(self.layer_types)} entries; it needs one per"
+        f" layer (num_layers={self.num_layers})."
+      )
+    for t in self.layer_types:
+      checks.one_of("layer_types entry", t, [SLIDING, FULL])
+    if SLIDING in self.layer_types and self.sliding_window is None:
+      raise ValueError(
+        "layer_types has sliding_attention layers but sliding_window is"
+        " None; set sliding_window (tokens each such layer attends to)."
+      )

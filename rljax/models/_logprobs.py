@@ -37,6 +37,9 @@ def token_logprobs(
   (``schedule="auto"``: the Pallas kernel on TPU and GPU, the chunked XLA
   schedule on CPU), which never holds the [B, S, V] logits, forward or
   backward. ``schedule="dense"`` materialises them (the reference path).
+  A model with ``final_logit_softcap`` (Gemma 2) always takes the dense
+  path: the kernel has no soft-capping, and capped logits are what the
+  sampler drew from.
 
   Packed rows (`rljax.posttrain` packing) pass ``segment_ids_BS`` (0 on
   padding) and ``positions_BS`` (restarting at 0 in each segment; the
@@ -138,7 +141,7 @@ def grouped_completion_logprobs(
   _, g, t = tokens.shape
   prompt_mask = jnp.asarray(prompt_mask_PS, jnp.int32)
   mask = jnp.asarray(mask_PGT, jnp.float32).reshape(p * g, t)
-  prefill = init_cache(model.config, p, s)
+  prefill = init_cache(model.config, p, s, windowed=False)
   prompt_hidden, prefix = model.hidden_states(
     prompt,
     prompt_mask,
@@ -177,8 +180,9 @@ def _check_options(temperature, schedule):
 
 
 def _project(model, hidden_BSD, targets_BS, temperature, schedule):
-  """(logp, entropy) [B, S] of `targets_BS` from the hidden states before."""
-  if schedule == "dense":
+  """(logp, entropy) [B, S] of `targets_BS` from the hidden states before
+  (dense when the logits are soft-capped: the kernel does not cap)."""
+  if schedule == "dense" or model.config.final_logit_softcap is not None:
     return _dense(model, hidden_BSD, targets_BS, temperature)
   return pallas_kernels.token_logprob(
     hidden_BSD,

@@ -20,15 +20,25 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 import numpy as np
 
+from rljax.models import _window
+from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
 
 
 class KVCache(NamedTuple):
-  """Keys and values of every layer for `max_length` slots."""
+  """Keys and values of every layer for `max_length` slots.
 
-  k: jax.Array  # [L, B, max_length, N, K]
-  v: jax.Array  # [L, B, max_length, N, K]
+  Windowed (``k_local`` set, see `init_cache`): ``k`` / ``v`` hold the
+  full-attention layers only, in layer order, and each sliding-window layer
+  keeps a ring buffer of W = min(sliding_window, max_length) slots: slot s
+  lives at ring slot s % W, so its memory does not grow with max_length.
+  """
+
+  k: jax.Array  # [L (full layers when windowed), B, max_length, N, K]
+  v: jax.Array  # [L (full layers when windowed), B, max_length, N, K]
   mask: jax.Array  # [B, max_length] 1 where a slot holds a real token
+  k_local: Optional[jax.Array] = None  # [L sliding, B, W, N, K]
+  v_local: Optional[jax.Array] = None  # [L sliding, B, W, N, K]
 
 
 class PagedCache(NamedTuple):
@@ -38,6 +48,12 @@ class PagedCache(NamedTuple):
   offset ``j % page_size``. Rows that fork from one prefix list the same
   pages, so the prefix is stored once. Page 0 is scratch: padding tokens
   are written there and no row reads it as one of its own.
+
+  Sliding-window layers (Gemma 2 / 3) read the same pages as the others and
+  mask the keys outside their window: a row's pages hold every layer's
+  keys, so the pool is as large as without windows (the full-attention
+  layers need every token's keys; only the dense `KVCache` has ring
+  buffers for the windowed layers).
   """
 
   k: jax.Array  # [L, D shards, pages per shard, page_size, N, K]
@@ -63,17 +79,36 @@ def init_pages(
   return zeros, zeros
 
 
-def init_cache(config: ModelConfig, batch: int, max_length: int) -> KVCache:
-  """An empty cache for `batch` rows of up to `max_length` tokens."""
-  shape = (
-    config.num_layers,
-    batch,
-    max_length,
-    config.num_kv_heads,
-    config.head_dim,
+def init_cache(
+  config: ModelConfig, batch: int, max_length: int, *, windowed: bool = True
+) -> KVCache:
+  """An empty cache for `batch` rows of up to `max_length` tokens.
+
+  With sliding-window layers (Gemma 2 / 3) and `windowed`, those layers get
+  ring buffers of min(sliding_window, max_length) slots (`KVCache`); else
+  every layer gets `max_length` slots (what a read-only ``prefix`` needs).
+  """
+  sliding = config.sliding_layers
+  windowed = windowed and any(sliding)
+  n_full = sum(not x for x in sliding) if windowed else config.num_layers
+  rest = (batch, max_length, config.num_kv_heads, config.head_dim)
+  zeros = jnp.zeros((n_full, *rest), config.dtype)
+  mask = jnp.zeros((batch, max_length), jnp.int32)
+  if not windowed:
+    return KVCache(zeros, zeros, mask)
+  width = min(config.sliding_window, max_length)
+  ring = jnp.zeros((sum(sliding), batch, width, *rest[2:]), config.dtype)
+  return KVCache(zeros, zeros, mask, ring, ring)
+
+
+def cache_bytes(cache: KVCache | PagedCache) -> int:
+  """Bytes of a cache's key / value buffers (all layers, k and v); works on
+  `jax.eval_shape`'s abstract caches too."""
+  return sum(
+    math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+    for x in jax.tree.leaves(cache)
+    if x.ndim >= 5
   )
-  zeros = jnp.zeros(shape, config.dtype)
-  return KVCache(zeros, zeros, jnp.zeros((batch, max_length), jnp.int32))
 
 
 def positions_from_mask(attention_mask_BS: ArrayLike) -> jax.Array:
@@ -95,12 +130,15 @@ def positions_from_segments(segment_ids_BS: ArrayLike) -> jax.Array:
 
 
 def rope_frequencies(config: ModelConfig) -> jax.Array:
-  """[K/2] inverse frequencies, with Llama-3 scaling when configured."""
+  """[K/2] inverse frequencies, with Llama-3 or linear scaling when
+  configured (the full-attention layers' frequencies)."""
   k = config.head_dim
   inv = 1.0 / config.rope_theta ** (jnp.arange(0, k, 2, jnp.float32) / k)
   s = config.rope_scaling
   if s is None:
     return inv
+  if isinstance(s, LinearRopeScaling):
+    return inv / s.factor
   wavelen = 2 * math.pi / inv
   low = s.original_max_position_embeddings / s.low_freq_factor
   high = s.original_max_position_embeddings / s.high_freq_factor
@@ -111,6 +149,21 @@ def rope_frequencies(config: ModelConfig) -> jax.Array:
   smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
   medium = (wavelen >= high) & (wavelen <= low)
   return jnp.where(medium, smoothed, scaled)
+
+
+def layer_frequencies(config: ModelConfig) -> jax.Array:
+  """[L, K/2] each layer's inverse frequencies: sliding-window layers use
+  ``local_rope_theta`` unscaled when it is set (Gemma 3), the rest
+  `rope_frequencies`."""
+  full = rope_frequencies(config)
+  if config.local_rope_theta is None:
+    return jnp.broadcast_to(full, (config.num_layers, full.size))
+  k = config.head_dim
+  local = 1.0 / config.local_rope_theta ** (
+    jnp.arange(0, k, 2, jnp.float32) / k
+  )
+  sliding = np.asarray(config.sliding_layers)[:, None]
+  return jnp.where(sliding, local[None], full[None])
 
 
 def apply_rope(
@@ -126,15 +179,33 @@ def apply_rope(
   return rotated.astype(x_BSHK.dtype)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  """x / rms(x) * w, normalised in float32 as HF does, cast back after."""
+def rms_norm(
+  x: jax.Array, weight: jax.Array, eps: float, offset: bool = False
+) -> jax.Array:
+  """x / rms(x) * w, normalised in float32 as HF does, cast back after.
+
+  With `offset` (Gemma) it is x / rms(x) * (1 + w), all in float32 and cast
+  back at the end, as HF's GemmaRMSNorm does.
+  """
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + eps)
   # Explicit broadcast: callers may run with jax_numpy_rank_promotion="raise".
-  w = weight.astype(x.dtype).reshape(
-    (1,) * (x.ndim - weight.ndim) + weight.shape
-  )
+  shape = (1,) * (x.ndim - weight.ndim) + weight.shape
+  if offset:
+    w = 1.0 + weight.astype(jnp.float32).reshape(shape)
+    return (normed * w).astype(x.dtype)
+  w = weight.astype(x.dtype).reshape(shape)
   return w * normed.astype(x.dtype)
+
+
+def _norm(config: ModelConfig, x: jax.Array, weight: jax.Array) -> jax.Array:
+  """The family's RMSNorm (`rms_norm`, with Gemma's 1 + w offset)."""
+  return rms_norm(x, weight, config.rms_norm_eps, config.norm_offset)
+
+
+def softcap(x: jax.Array, cap: Optional[float]) -> jax.Array:
+  """``cap * tanh(x / cap)`` (Gemma 2's soft-capping); x when cap is None."""
+  return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def _param(rngs, shape, axes, dtype, init=None) -> nnx.Param:
@@ -144,6 +215,13 @@ def _param(rngs, shape, axes, dtype, init=None) -> nnx.Param:
 
 def _ones(shape, axes, dtype) -> nnx.Param:
   return nnx.Param(jnp.ones(shape, dtype), logical_axes=axes)
+
+
+def _norm_weight(config, shape, axes) -> nnx.Param:
+  """A norm's weight: ones, or zeros with Gemma's 1 + w (the identity)."""
+  if config.norm_offset:
+    return nnx.Param(jnp.zeros(shape, config.param_dtype), logical_axes=axes)
+  return _ones(shape, axes, config.param_dtype)
 
 
 class Layers(nnx.Module):
@@ -159,7 +237,7 @@ class Layers(nnx.Module):
       c.head_dim,
       c.intermediate_size,
     )
-    self.attn_norm = _ones((L, D), ("layers", "embed"), dt)
+    self.attn_norm = _norm_weight(c, (L, D), ("layers", "embed"))
     self.q_proj = _param(
       rngs, (L, D, H, K), ("layers", "embed", "heads", "head_dim"), dt
     )
@@ -184,9 +262,12 @@ class Layers(nnx.Module):
         rngs, (L, N, K), ("layers", "kv_heads", "head_dim"), dt, zeros
       )
     if c.qk_norm:
-      self.q_norm = _ones((L, K), ("layers", "head_dim"), dt)
-      self.k_norm = _ones((L, K), ("layers", "head_dim"), dt)
-    self.mlp_norm = _ones((L, D), ("layers", "embed"), dt)
+      self.q_norm = _norm_weight(c, (L, K), ("layers", "head_dim"))
+      self.k_norm = _norm_weight(c, (L, K), ("layers", "head_dim"))
+    self.mlp_norm = _norm_weight(c, (L, D), ("layers", "embed"))
+    if c.post_norms:
+      self.post_attn_norm = _norm_weight(c, (L, D), ("layers", "embed"))
+      self.post_mlp_norm = _norm_weight(c, (L, D), ("layers", "embed"))
     self.gate_proj = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
     self.up_proj = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
     self.down_proj = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
@@ -215,8 +296,13 @@ def _part_values(probs_BNGST, part_PTNK) -> jax.Array:
   return out.reshape(b, *out.shape[2:])
 
 
-def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
+def _attention(
+  q_BSHK, k_BTNK, v_BTNK, allowed_BST, scale=None, cap=None
+) -> jax.Array:
   """Grouped-query attention; softmax in float32.
+
+  Scores are q.k times `scale` (1 / sqrt(K) when None), then soft-capped
+  at `cap` when it is set (Gemma 2).
 
   Keys and values may come in parts (a tuple, e.g. a paged cache's view
   and the new tokens): one softmax over all parts, without concatenating
@@ -231,7 +317,8 @@ def _attention(q_BSHK, k_BTNK, v_BTNK, allowed_BST) -> jax.Array:
   scores = jnp.concatenate(
     [_part_scores(q, part) for part in ks], axis=-1
   ).astype(jnp.float32)
-  scores = scores / math.sqrt(k)
+  scores = scores / math.sqrt(k) if scale is None else scores * scale
+  scores = softcap(scores, cap)
   scores = jnp.where(
     allowed_BST[:, None, None], scores, jnp.finfo(jnp.float32).min
   )
@@ -249,6 +336,7 @@ def _dense_io(slots):
   then read the layer's whole cache back."""
 
   def io(i, k_all, v_all, k, v):
+    """(k, v to attend, updated k_all, v_all, None)."""
     start = (i, 0, slots, 0, 0)
     k_all = jax.lax.dynamic_update_slice(
       k_all, k.astype(k_all.dtype)[None], start
@@ -315,12 +403,20 @@ def _proj(w, name, x, equation):
   return jnp.einsum(equation, x, w[name].astype(x.dtype))
 
 
+def _act(config, x):
+  """The gate's activation: SiLU (SwiGLU) or tanh-approximate GELU (GeGLU,
+  HF ``gelu_pytorch_tanh``)."""
+  if config.activation == "gelu_tanh":
+    return jax.nn.gelu(x, approximate=True)
+  return jax.nn.silu(x)
+
+
 def _mlp(config, w, h):
-  """The feed-forward block on normed hidden states [B, S, D] (SwiGLU)."""
-  del config
+  """The feed-forward block on normed hidden states [B, S, D] (SwiGLU, or
+  GeGLU for Gemma)."""
   gate = _proj(w, "gate_proj", h, "bsd,df->bsf")
   up = _proj(w, "up_proj", h, "bsd,df->bsf")
-  return _proj(w, "down_proj", jax.nn.silu(gate) * up, "bsf,fd->bsd")
+  return _proj(w, "down_proj", _act(config, gate) * up, "bsf,fd->bsd")
 
 
 def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
@@ -328,9 +424,11 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   and `io` stores this layer's new keys / values (or returns them, as
   `new`, to be stored later) and gives back the keys / values to attend.
   `shared` is this layer's read-only prefix (k, v), attended before the
-  new tokens (`Transformer.hidden_states`'s ``prefix``)."""
+  new tokens (`Transformer.hidden_states`'s ``prefix``). With a windowed
+  `KVCache`, `io` is `_window.Windowed` and `kv` is (index in the layer's store,
+  whether the layer is sliding, the stores); it attends as well."""
   c, dt = config, x.dtype
-  h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
+  h = _norm(c, x, w["attn_norm"])
   q = _proj(w, "q_proj", h, "bsd,dhk->bshk")
   k = _proj(w, "k_proj", h, "bsd,dnk->bsnk")
   v = _proj(w, "v_proj", h, "bsd,dnk->bsnk")
@@ -340,12 +438,22 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
       for t, n in ((q, "q"), (k, "k"), (v, "v"))
     )
   if c.qk_norm:
-    q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
-    k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
+    q = _norm(c, q, w["q_norm"])
+    k = _norm(c, k, w["k_norm"])
   q = apply_rope(q, positions, inv_freq)
   k = apply_rope(k, positions, inv_freq)
+  scale = c.query_pre_attn_scalar
+  scale = None if scale is None else scale**-0.5
+
+  def attend(k, v, mask):
+    cap = c.attn_logit_softcap
+    return _attention(q, _cast(k, dt), _cast(v, dt), mask, scale, cap)
+
   new = None
-  if kv is not None:
+  if isinstance(io, _window.Windowed):
+    # A windowed KVCache: kv is (store index, sliding, stores).
+    attn, kv = io.io(*kv, k, v, attend)
+  elif kv is not None:
     # Dense: write this layer's new slots into the whole [L, ...] cache, in
     # place, then read the layer back: as a loop carry XLA updates the
     # buffer without copying it (as scan xs/ys it copied every layer every
@@ -354,11 +462,16 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
     kv = (k_all, v_all)
   if shared is not None:
     k, v = (shared[0], k), (shared[1], v)
-  attn = _attention(q, _cast(k, dt), _cast(v, dt), allowed)
-  x = x + _proj(w, "o_proj", attn, "bshk,hkd->bsd")
-  h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-  x = x + _mlp(c, w, h)
-  return x, kv, new
+  if not isinstance(io, _window.Windowed):
+    attn = attend(k, v, allowed)
+  out = _proj(w, "o_proj", attn, "bshk,hkd->bsd")
+  if c.post_norms:
+    out = _norm(c, out, w["post_attn_norm"])
+  x = x + out
+  out = _mlp(c, w, _norm(c, x, w["mlp_norm"]))
+  if c.post_norms:
+    out = _norm(c, out, w["post_mlp_norm"])
+  return x + out, kv, new
 
 
 def _check_prefix(prefix, cache, rows: int) -> None:
@@ -371,6 +484,12 @@ def _check_prefix(prefix, cache, rows: int) -> None:
   if not isinstance(prefix, KVCache):
     raise ValueError(
       f"prefix must be a KVCache (e.g. a prefill's); got {type(prefix)}."
+    )
+  if prefix.k_local is not None:
+    raise ValueError(
+      "prefix is a windowed KVCache (ring buffers for sliding layers); a"
+      " prefix needs every layer's keys: prefill into init_cache(...,"
+      " windowed=False)."
     )
   p = prefix.mask.shape[0]
   if rows % p:
@@ -421,7 +540,7 @@ def _check_auto_mesh(tokens: jax.Array) -> None:
 
 
 class Transformer(nnx.Module):
-  """Decoder-only LM (Llama / Qwen2 / Qwen3 families)."""
+  """Decoder-only LM (Llama / Qwen2 / Qwen3 / Gemma 1-3 families)."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -500,6 +619,10 @@ class Transformer(nnx.Module):
         raise ValueError("pass positions_BS when decoding with a cache.")
       positions_BS = positions_from_mask(mask)
     x = self.embed[...].astype(c.dtype)[tokens]
+    if c.embed_scale:
+      # HF rounds sqrt(D) to the weights' dtype (Gemma's normalizer).
+      scale = jnp.asarray(math.sqrt(c.hidden_size), c.param_dtype)
+      x = x * scale.astype(c.dtype)
     if paged:
       # Logical slot of each new token; padding goes to scratch page 0.
       size = cache.k.shape[3]
@@ -531,35 +654,76 @@ class Transformer(nnx.Module):
       if segments is not None:
         allowed = allowed & (segments[:, :, None] == segments[:, None, :])
       io = _dense_io(cache_index)
+    if paged:
+      q_slots = slot_BS
+      k_slots = jnp.concatenate(
+        [jnp.broadcast_to(key_slots, (b, key_slots.size)), slot_BS], axis=1
+      )
+    else:
+      q_slots, k_slots = query_slots[None], key_slots[None]
     if prefix is not None:
       shared = _shared_rows(prefix.mask, b)[:, None, :] > 0
       shared = jnp.broadcast_to(shared, (b, s, shared.shape[-1]))
       allowed = jnp.concatenate([shared, allowed], axis=-1)
+      # The new tokens continue the prefix's slots (its real tokens end at
+      # its last slot: prompts are left-padded).
+      width = prefix.mask.shape[1]
+      q_slots = q_slots + width
+      k_slots = jnp.concatenate([jnp.arange(width)[None], k_slots + width], 1)
+    allowed_local = None
+    if any(c.sliding_layers):
+      allowed_local = allowed & _window.within_window(
+        q_slots, k_slots, c.sliding_window
+      )
+    windowed = isinstance(cache, KVCache) and cache.k_local is not None
+    if windowed:
+      ring = _window.ring_masks(
+        cache.mask, mask, cache_index, cache.k_local.shape[2]
+      )
+      io = _window.Windowed(
+        _window.windowed_io(
+          _dense_io(cache_index),
+          cache_index,
+          allowed,
+          ring,
+          all(c.sliding_layers),
+        )
+      )
     weights = {
       k: v[...]
       for k, v in vars(self.layers).items()
       if isinstance(v, nnx.Param)
     }
-    inv_freq = rope_frequencies(c)
     positions = jnp.asarray(positions_BS)
 
     def body(carry, xs):
       x, kvs = carry
-      w, i, shared = xs
+      w, i, shared, inv_freq, sliding = xs
       kv = None if kvs is None else (i, *kvs)
-      x, kvs, new = _layer(
-        c, w, x, positions, inv_freq, kv, io, allowed, shared
-      )
+      if windowed:
+        kv = (i, sliding, kvs)
+      mask = allowed
+      if allowed_local is not None:
+        mask = jnp.where(sliding, allowed_local, allowed)
+      x, kvs, new = _layer(c, w, x, positions, inv_freq, kv, io, mask, shared)
       return (x, kvs), new
 
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
+    if windowed:
+      kvs = (cache.k, cache.v, cache.k_local, cache.v_local)
+      layer_ids = jnp.asarray(_window.store_index(c.sliding_layers))
     # The prefix's keys / values are scanned over as inputs (read-only).
     shared = None if prefix is None else (prefix.k, prefix.v)
+    # Per-layer inputs: RoPE frequencies and whether the layer is local.
+    per_layer = (layer_frequencies(c), jnp.asarray(c.sliding_layers))
     (x, kvs), new = jax.lax.scan(
-      body, (x, kvs), (weights, layer_ids, shared), unroll=c.scan_unroll
+      body,
+      (x, kvs),
+      (weights, layer_ids, shared, *per_layer),
+      unroll=c.scan_unroll,
     )
-    x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
+    x = _norm(c, x, self.final_norm[...])
     if paged:
       offset_BS = slot_BS % size
       k_all, v_all = (
@@ -568,18 +732,20 @@ class Transformer(nnx.Module):
       lengths = cache.lengths_B + jnp.sum(mask, axis=1)
       cache = PagedCache(k_all, v_all, cache.pages_BM, lengths)
     elif cache is not None:
-      cache = KVCache(kvs[0], kvs[1], key_mask)
+      cache = KVCache(kvs[0], kvs[1], key_mask, *kvs[2:])
     return x, cache
 
   def logits(self, hidden_BSD: jax.Array) -> jax.Array:
-    """float32 logits [B, S, V] from hidden states."""
+    """float32 logits [B, S, V] from hidden states (soft-capped when
+    ``final_logit_softcap`` is set)."""
     w = self.unembedding()
-    return jnp.einsum(
+    logits = jnp.einsum(
       "bsd,dv->bsv",
       hidden_BSD,
       w.astype(hidden_BSD.dtype),
       preferred_element_type=jnp.float32,
     )
+    return softcap(logits, self.config.final_logit_softcap)
 
   def __call__(self, tokens_BS, attention_mask_BS=None, **kwargs):
     """float32 logits [B, S, V] and the cache (see `hidden_states`)."""

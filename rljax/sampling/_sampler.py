@@ -146,7 +146,10 @@ def _prefill(model, tokens_PS, mask_PS, g: int, max_length: int):
   # Left padding puts every prompt's last real token in the last slot.
   logits_PV = model.logits(hidden[:, -1:])[:, 0]
   cache = KVCache(
-    _repeat(cache.k, g, 1), _repeat(cache.v, g, 1), _repeat(cache.mask, g, 0)
+    *(
+      None if x is None else _repeat(x, g, 0 if x.ndim == 2 else 1)
+      for x in cache
+    )
   )
   return cache, _repeat(logits_PV, g, 0)
 
