@@ -38,6 +38,14 @@ class ModelConfig:
   for the backward pass), which dominates for shallow, narrow models (a
   2-layer toy model's train step is about 1.3x faster on CPU unrolled);
   compile time grows with it, so deep models keep the default of 1.
+
+  Mixture of experts (Qwen3-MoE, Mixtral): ``num_experts`` > 0 replaces
+  every layer's SwiGLU MLP by ``num_experts`` SwiGLU experts of width
+  ``expert_intermediate_size``, of which a float32-softmax router picks
+  ``experts_per_token`` per token (`rljax.models.moe_mlp`); their gate
+  weights are the top-k probabilities, renormalised to sum to 1 when
+  ``norm_topk_prob`` (Mixtral: always; Qwen3-MoE: as its config says).
+  ``intermediate_size`` is then unused. 0 experts: a dense model.
   """
 
   vocab_size: int
@@ -57,6 +65,10 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_unroll: int = 1
+  num_experts: int = 0
+  experts_per_token: int = 0
+  expert_intermediate_size: int = 0
+  norm_topk_prob: bool = False
 
   def __post_init__(self):
     checks.positive(
@@ -80,3 +92,19 @@ class ModelConfig:
       raise ValueError(f"head_dim must be even for RoPE; got {self.head_dim}.")
     checks.one_of("dtype", self.dtype, ["float32", "bfloat16", "float16"])
     checks.one_of("param_dtype", self.param_dtype, ["float32", "bfloat16"])
+    checks.non_negative(num_experts=self.num_experts)
+    if self.num_experts:
+      self._check_experts()
+
+  def _check_experts(self):
+    """A mixture of experts needs a router top-k and an expert width."""
+    checks.positive(
+      num_experts=self.num_experts,
+      experts_per_token=self.experts_per_token,
+      expert_intermediate_size=self.expert_intermediate_size,
+    )
+    if self.experts_per_token > self.num_experts:
+      raise ValueError(
+        f"experts_per_token ({self.experts_per_token}) must be at most"
+        f" num_experts ({self.num_experts})."
+      )

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 import numpy as np
 
+from rljax.models import _moe
 from rljax.models._config import ModelConfig
 
 
@@ -187,6 +188,10 @@ class Layers(nnx.Module):
       self.q_norm = _ones((L, K), ("layers", "head_dim"), dt)
       self.k_norm = _ones((L, K), ("layers", "head_dim"), dt)
     self.mlp_norm = _ones((L, D), ("layers", "embed"), dt)
+    if c.num_experts:
+      for name, param in _moe.expert_params(c, rngs).items():
+        setattr(self, name, param)
+      return
     self.gate_proj = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
     self.up_proj = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
     self.down_proj = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
@@ -315,16 +320,21 @@ def _proj(w, name, x, equation):
   return jnp.einsum(equation, x, w[name].astype(x.dtype))
 
 
-def _mlp(config, w, h):
-  """The feed-forward block on normed hidden states [B, S, D] (SwiGLU)."""
-  del config
+def _mlp(config, w, h, experts=None):
+  """The feed-forward block on normed hidden states [B, S, D] (SwiGLU) and
+  its routing (None without experts; `experts` [B, S, K] replays one)."""
+  if config.num_experts:
+    return _moe.moe_mlp(config, w, h, experts)
   gate = _proj(w, "gate_proj", h, "bsd,df->bsf")
   up = _proj(w, "up_proj", h, "bsd,df->bsf")
-  return _proj(w, "down_proj", jax.nn.silu(gate) * up, "bsf,fd->bsd")
+  return _proj(w, "down_proj", jax.nn.silu(gate) * up, "bsf,fd->bsd"), None
 
 
-def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
-  """One decoder layer; `kv` is (layer index, all layers' k, v) or None,
+def _layer(
+  config, w, x, positions, inv_freq, kv, io, allowed, shared=None, experts=None
+):
+  """One decoder layer and its routing (`_mlp`; `experts` replays one);
+  `kv` is (layer index, all layers' k, v) or None,
   and `io` stores this layer's new keys / values (or returns them, as
   `new`, to be stored later) and gives back the keys / values to attend.
   `shared` is this layer's read-only prefix (k, v), attended before the
@@ -357,8 +367,8 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   attn = _attention(q, _cast(k, dt), _cast(v, dt), allowed)
   x = x + _proj(w, "o_proj", attn, "bshk,hkd->bsd")
   h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-  x = x + _mlp(c, w, h)
-  return x, kv, new
+  y, routing = _mlp(c, w, h, experts)
+  return x + y, kv, new, routing
 
 
 def _check_prefix(prefix, cache, rows: int) -> None:
@@ -408,6 +418,25 @@ def _positions_after(prefix_mask_PS, mask_BS) -> jax.Array:
   return jnp.maximum(before[:, None] + jnp.cumsum(mask_BS, axis=1) - 1, 0)
 
 
+def _check_routing(config, routing_LBSK, return_routing: bool, bs) -> None:
+  """Routing replay and output need experts; a replay has shape [L, B, S,
+  K] (checked here, not as a shape error inside the layer scan)."""
+  if (routing_LBSK is not None or return_routing) and not config.num_experts:
+    raise ValueError(
+      "routing_LBSK / return_routing need a mixture-of-experts model"
+      " (config.num_experts > 0); this model is dense."
+    )
+  if routing_LBSK is None:
+    return
+  expected = (config.num_layers, *bs, config.experts_per_token)
+  if tuple(jnp.shape(routing_LBSK)) != expected:
+    raise ValueError(
+      f"routing_LBSK has shape {tuple(jnp.shape(routing_LBSK))}; it must be"
+      f" [L, B, S, K] = {expected}: the expert ids of every layer and token"
+      " (e.g. a forward's Routing.experts, or the sampler's record)."
+    )
+
+
 def _check_auto_mesh(tokens: jax.Array) -> None:
   """Explicit-axis meshes would need an out_sharding on every einsum."""
   mesh = jax.typeof(tokens).sharding.mesh
@@ -449,6 +478,8 @@ class Transformer(nnx.Module):
     cache_index: ArrayLike = 0,
     prefix: Optional[KVCache] = None,
     segment_ids_BS: Optional[ArrayLike] = None,
+    routing_LBSK: Optional[ArrayLike] = None,
+    return_routing: bool = False,
   ) -> tuple[jax.Array, Optional[KVCache | PagedCache]]:
     """Final-norm hidden states [B, S, D] and the updated cache.
 
@@ -472,11 +503,20 @@ class Transformer(nnx.Module):
     id 0 is padding (never attended to, whatever the mask says). Positions
     then default to `positions_from_segments` (restarting at 0 in each
     segment), so each segment computes what it would alone in its own row.
+
+    Mixture of experts (``config.num_experts`` > 0): ``routing_LBSK``
+    (int32 expert ids per layer and token) replays a routing, e.g. the
+    sampler's, so the tokens run through those experts with gate weights
+    from this forward's routers (routing replay); ``return_routing=True``
+    returns a third value, the `rljax.models.Routing` of every layer
+    (logits [L, B, S, E], experts [L, B, S, K]), for the load-balancing
+    loss or to be replayed.
     """
     c = self.config
     tokens = jnp.asarray(tokens_BS)
     _check_auto_mesh(tokens)
     b, s = tokens.shape
+    _check_routing(c, routing_LBSK, return_routing, (b, s))
     if prefix is not None:
       _check_prefix(prefix, cache, b)
     mask = (
@@ -545,19 +585,23 @@ class Transformer(nnx.Module):
 
     def body(carry, xs):
       x, kvs = carry
-      w, i, shared = xs
+      w, i, shared, replay = xs
       kv = None if kvs is None else (i, *kvs)
-      x, kvs, new = _layer(
-        c, w, x, positions, inv_freq, kv, io, allowed, shared
+      x, kvs, new, routing = _layer(
+        c, w, x, positions, inv_freq, kv, io, allowed, shared, replay
       )
-      return (x, kvs), new
+      return (x, kvs), (new, routing)
 
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
     # The prefix's keys / values are scanned over as inputs (read-only).
     shared = None if prefix is None else (prefix.k, prefix.v)
-    (x, kvs), new = jax.lax.scan(
-      body, (x, kvs), (weights, layer_ids, shared), unroll=c.scan_unroll
+    replay = None if routing_LBSK is None else jnp.asarray(routing_LBSK)
+    (x, kvs), (new, routing) = jax.lax.scan(
+      body,
+      (x, kvs),
+      (weights, layer_ids, shared, replay),
+      unroll=c.scan_unroll,
     )
     x = rms_norm(x, self.final_norm[...], c.rms_norm_eps)
     if paged:
@@ -569,6 +613,8 @@ class Transformer(nnx.Module):
       cache = PagedCache(k_all, v_all, cache.pages_BM, lengths)
     elif cache is not None:
       cache = KVCache(kvs[0], kvs[1], key_mask)
+    if return_routing:
+      return x, cache, routing
     return x, cache
 
   def logits(self, hidden_BSD: jax.Array) -> jax.Array:
