@@ -24,6 +24,7 @@ def token_logprobs(
   positions_BS: Optional[ArrayLike] = None,
   temperature: float = 1.0,
   schedule: str = "auto",
+  routing_LBSK: Optional[ArrayLike] = None,
 ) -> tuple[jax.Array, jax.Array]:
   """log p(token_s | tokens_<s) and the entropy of that distribution.
 
@@ -44,6 +45,10 @@ def token_logprobs(
   segment only, and the first token of every segment gets 0, so a packed
   row gives each example's log-probs as a row of its own would.
 
+  A mixture-of-experts model routes by ``routing_LBSK`` when given (int32
+  expert ids [layers, B, S, K], e.g. the sampler's: routing replay; see
+  `rljax.models.Transformer.hidden_states`).
+
   Returns:
     (logp_BS, entropy_BS), float32.
   """
@@ -55,7 +60,11 @@ def token_logprobs(
     else jnp.asarray(attention_mask_BS, jnp.float32)
   )
   hidden, _ = model.hidden_states(
-    tokens, mask, positions_BS=positions_BS, segment_ids_BS=segment_ids_BS
+    tokens,
+    mask,
+    positions_BS=positions_BS,
+    segment_ids_BS=segment_ids_BS,
+    routing_LBSK=routing_LBSK,
   )
   logp, entropy = _project(
     model, hidden[:, :-1], tokens[:, 1:], temperature, schedule
