@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax import sampling
 from rljax import sharding
 from rljax.models import ModelConfig
 from rljax.models import Transformer
@@ -317,3 +318,48 @@ def test_routing_errors():
 def test_config_errors(fields, match):
   with pytest.raises(ValueError, match=match):
     dataclasses.replace(CONFIG, **fields)
+
+
+def _replay_pair():
+  """A sampler model and an update model whose routers differ slightly,
+  top-1 renormalised routing (replay then reproduces the sampler)."""
+  config = dataclasses.replace(CONFIG, experts_per_token=1, norm_topk_prob=True)
+  sampler, update = _model(config), _model(config)
+  state = nnx.state(update, nnx.Param)
+  router = state["layers"]["router"]
+  noise = jax.random.normal(jax.random.key(7), router.shape) * 0.05
+  router.set_value(router[...] + noise)
+  nnx.update(update, state)
+  return sampler, update
+
+
+def test_sampler_records_routing_that_replays_its_logprobs():
+  sampler, update = _replay_pair()
+  prompts = np.array([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]], np.int32)
+  mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], np.int32)
+  out = sampling.generate(
+    sampler,
+    prompts,
+    mask,
+    key=jax.random.key(1),
+    max_new_tokens=6,
+    num_samples=2,
+  )
+  assert out.routing_PGLWK.shape == (2, 2, 2, 11, 1)
+  tokens = np.concatenate(
+    [np.asarray(out.prompt_tokens_PGS), np.asarray(out.tokens_PGT)], -1
+  ).reshape(4, 11)
+  full_mask = np.concatenate(
+    [np.asarray(out.prompt_mask_PGS), np.asarray(out.mask_PGT)], -1
+  ).reshape(4, 11)
+  routing = np.moveaxis(
+    np.asarray(out.routing_PGLWK).reshape(4, 2, 11, 1), 1, 0
+  )
+  fn = jax.jit(token_logprobs)
+  want = np.asarray(out.full_logp_PGT).reshape(4, 6)
+  own, _ = fn(sampler, tokens, full_mask, routing_LBSK=routing)
+  np.testing.assert_allclose(own[:, 5:], want, atol=1e-5)
+  free, _ = fn(update, tokens, full_mask)
+  replayed, _ = fn(update, tokens, full_mask, routing_LBSK=routing)
+  assert np.abs(np.asarray(free)[:, 5:] - want).max() > 1e-2
+  np.testing.assert_allclose(replayed[:, 5:], want, atol=1e-5)
