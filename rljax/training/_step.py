@@ -72,6 +72,10 @@ class Sequences(NamedTuple):
 
   tokens_PGL: jax.Array
   mask_PGL: jax.Array
+  # Mixture-of-experts policies: int32 [P, G, Y layers, L, K] the sampler's
+  # experts (`rljax.sampling.Rollout.routing_PGLWK`), replayed by every
+  # forward of an MoE model here (routing replay); None routes freely.
+  routing_PGYLK: Optional[jax.Array] = None
 
 
 class Models(NamedTuple):
@@ -100,7 +104,18 @@ def completion_logprobs(
   the same values and gradients, up to float rounding, with the prompt's
   share of the compute divided by G. Samples of a group with different
   prompts raise an error (a ValueError, or at run time under `jax.jit`).
+
+  A mixture-of-experts `model` routes the tokens through the experts in
+  ``seqs.routing_PGYLK`` when it is given (routing replay: Ma et al., 2025,
+  "Rollout Routing Replay", arXiv:2510.11370); dense models ignore it.
   """
+  replay = seqs.routing_PGYLK is not None and model.config.num_experts
+  if replay and prefix_grouper:
+    raise ValueError(
+      "routing replay (Sequences.routing_PGYLK) does not support"
+      " prefix_grouper; turn prefix_grouper off for mixture-of-experts"
+      " policies."
+    )
   if prefix_grouper:
     prompt, prompt_mask = shared_prompts(
       seqs, seqs.tokens_PGL.shape[-1] - width
@@ -116,12 +131,17 @@ def completion_logprobs(
     )
   p, g, length = seqs.tokens_PGL.shape
   flat = lambda x: x.reshape(p * g, length)  # noqa: E731
+  routing = None
+  if replay:  # [P, G, Y, L, K] -> [Y, P * G, L, K]
+    r = seqs.routing_PGYLK
+    routing = jnp.moveaxis(r.reshape(p * g, *r.shape[2:]), 1, 0)
   logp, entropy = token_logprobs(
     model,
     flat(seqs.tokens_PGL),
     flat(seqs.mask_PGL),
     temperature=temperature,
     schedule=schedule,
+    routing_LBSK=routing,
   )
   back = lambda x: x[:, length - width :].reshape(p, g, width)  # noqa: E731
   return back(logp), back(entropy)

@@ -333,7 +333,13 @@ def _replay_pair():
   return sampler, update
 
 
-def test_sampler_records_routing_that_replays_its_logprobs():
+@pytest.mark.slow  # about 40 s on 2 busy CPU cores (the sampler compiles)
+def test_update_logprobs_replay_the_rollouts_routing():
+  # The trainer's path: the sampler records its routing in the Rollout,
+  # Sequences carry it, completion_logprobs replays it.
+  from rljax import training
+  from rljax.training import _rollout
+
   sampler, update = _replay_pair()
   prompts = np.array([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]], np.int32)
   mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], np.int32)
@@ -341,25 +347,26 @@ def test_sampler_records_routing_that_replays_its_logprobs():
     sampler,
     prompts,
     mask,
-    key=jax.random.key(1),
+    key=jax.random.key(2),
     max_new_tokens=6,
     num_samples=2,
   )
-  assert out.routing_PGLWK.shape == (2, 2, 2, 11, 1)
-  tokens = np.concatenate(
-    [np.asarray(out.prompt_tokens_PGS), np.asarray(out.tokens_PGT)], -1
-  ).reshape(4, 11)
-  full_mask = np.concatenate(
-    [np.asarray(out.prompt_mask_PGS), np.asarray(out.mask_PGT)], -1
-  ).reshape(4, 11)
-  routing = np.moveaxis(
-    np.asarray(out.routing_PGLWK).reshape(4, 2, 11, 1), 1, 0
+  assert out.routing_PGLWK.shape == (2, 2, 2, 11, 1)  # [P, G, L, S + T, K]
+  seqs = _rollout.sequences(out)
+  assert seqs.routing_PGYLK is out.routing_PGLWK
+  fn = jax.jit(
+    training.completion_logprobs, static_argnames=("width", "temperature")
   )
-  fn = jax.jit(token_logprobs)
-  want = np.asarray(out.full_logp_PGT).reshape(4, 6)
-  own, _ = fn(sampler, tokens, full_mask, routing_LBSK=routing)
-  np.testing.assert_allclose(own[:, 5:], want, atol=1e-5)
-  free, _ = fn(update, tokens, full_mask)
-  replayed, _ = fn(update, tokens, full_mask, routing_LBSK=routing)
-  assert np.abs(np.asarray(free)[:, 5:] - want).max() > 1e-2
-  np.testing.assert_allclose(replayed[:, 5:], want, atol=1e-5)
+  want = np.asarray(out.full_logp_PGT)
+  own, _ = fn(sampler, seqs, width=6, temperature=1.0)
+  np.testing.assert_allclose(own, want, atol=1e-5)
+  replayed, _ = fn(update, seqs, width=6, temperature=1.0)
+  free, _ = fn(
+    update, seqs._replace(routing_PGYLK=None), width=6, temperature=1.0
+  )
+  assert np.abs(np.asarray(free) - want).max() > 1e-2
+  np.testing.assert_allclose(replayed, want, atol=1e-5)
+  with pytest.raises(ValueError, match="prefix_grouper"):
+    training.completion_logprobs(
+      update, seqs, 6, temperature=1.0, prefix_grouper=True
+    )
