@@ -5,6 +5,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rljax import algorithms
 from rljax import testing
@@ -46,6 +47,7 @@ def _inputs():
   return Sequences(tokens * mask, mask), batch
 
 
+@pytest.mark.slow  # 40-95 s on 2 shared CPU cores: three compiles
 def test_router_aux_adds_coef_times_its_gradient():
   model = testing.random_model(_CONFIG, seed=1)
   graphdef, params = nnx.split(model)
