@@ -25,6 +25,7 @@ import numpy as np
 import safetensors.numpy
 
 from rljax._src.errors import CheckpointError
+from rljax.checkpoints import _hf_moe
 from rljax.models._config import FULL
 from rljax.models._config import SLIDING
 from rljax.models._config import LinearRopeScaling
@@ -39,6 +40,7 @@ ARCHITECTURES = {
   "GemmaForCausalLM": "gemma",
   "Gemma2ForCausalLM": "gemma2",
   "Gemma3ForCausalLM": "gemma3",
+  **_hf_moe.ARCHITECTURES,
 }
 # config.json's model_type, where it is not the family's name.
 _MODEL_TYPES = {"gemma3": "gemma3_text"}
@@ -221,7 +223,11 @@ def _config_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
   )
   # transformers' Qwen3Config defaults head_dim to 128, the others derive it.
   head_dim = 128 if family == "qwen3" else hidden // heads
+  experts = {}
+  if family in _hf_moe.ARCHITECTURES.values():
+    experts = _hf_moe.config_fields(hf, family, where, _size)
   return dict(
+    **experts,
     vocab_size=_size(hf, "vocab_size", where),
     hidden_size=hidden,
     intermediate_size=_size(hf, "intermediate_size", where),
@@ -234,7 +240,7 @@ def _config_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
     rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
     tie_embeddings=hf.get("tie_word_embeddings", False),
     qkv_bias=family == "qwen2",
-    qk_norm=family == "qwen3",
+    qk_norm=family in ("qwen3", "qwen3_moe"),
     max_position_embeddings=hf.get(
       "max_position_embeddings", 2048 if family == "llama" else 32768
     ),
@@ -521,6 +527,8 @@ def _fill(model: Transformer, tensors, where: _Where) -> None:
     used.update(names)
     stacked = np.stack([_to_rljax(kind, get(n, shape), c) for n in names])
     param.set_value(jax.numpy.asarray(stacked))
+  if c.num_experts:
+    _hf_moe.load_experts(model, get, tensors, used)
   _unused(tensors, used, c.tie_embeddings, where)
 
 
@@ -544,6 +552,8 @@ def hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
       out[f"model.layers.{i}.{hf_name}"] = np.ascontiguousarray(
         _to_hf(kind, stacked[i])
       )
+  if c.num_experts:
+    out.update(_hf_moe.expert_tensors(model))
   return out
 
 
@@ -606,6 +616,8 @@ def hf_config(config: ModelConfig) -> dict[str, Any]:
     "hidden_act": "silu",
     "torch_dtype": "float32",
   }
+  if config.num_experts:
+    out.update(_hf_moe.hf_config_fields(config))
   if config.rope_scaling is not None:
     out["rope_scaling"] = {"rope_type": "llama3", **vars(config.rope_scaling)}
   return out

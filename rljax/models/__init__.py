@@ -6,6 +6,9 @@ from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._logprobs import grouped_completion_logprobs
 from rljax.models._logprobs import token_logprobs
+from rljax.models._moe import Routing
+from rljax.models._moe import load_balancing_loss
+from rljax.models._moe import moe_mlp
 from rljax.models._transformer import KVCache
 from rljax.models._transformer import PagedCache
 from rljax.models._transformer import Transformer
@@ -21,12 +24,15 @@ __all__ = [
   "ModelConfig",
   "PagedCache",
   "RopeScaling",
+  "Routing",
   "Transformer",
   "ValueModel",
   "cache_bytes",
   "grouped_completion_logprobs",
   "init_cache",
   "init_pages",
+  "load_balancing_loss",
+  "moe_mlp",
   "positions_from_mask",
   "token_logprobs",
 ]

@@ -64,6 +64,14 @@ class ModelConfig:
   tokens up to and including itself) or "full_attention". Gemma 3 adds
   ``qk_norm`` and ``local_rope_theta``, the RoPE base of the sliding layers
   (``rope_theta`` and ``rope_scaling`` are the full layers').
+
+  Mixture of experts (Qwen3-MoE, Mixtral): ``num_experts`` > 0 replaces
+  every layer's SwiGLU MLP by ``num_experts`` SwiGLU experts of width
+  ``expert_intermediate_size``, of which a float32-softmax router picks
+  ``experts_per_token`` per token (`rljax.models.moe_mlp`); their gate
+  weights are the top-k probabilities, renormalised to sum to 1 when
+  ``norm_topk_prob`` (Mixtral: always; Qwen3-MoE: as its config says).
+  ``intermediate_size`` is then unused. 0 experts: a dense model.
   """
 
   vocab_size: int
@@ -100,6 +108,11 @@ class ModelConfig:
     types = self.layer_types or (FULL,) * self.num_layers
     return tuple(t == SLIDING for t in types)
 
+  num_experts: int = 0
+  experts_per_token: int = 0
+  expert_intermediate_size: int = 0
+  norm_topk_prob: bool = False
+
   def __post_init__(self):
     checks.positive(
       vocab_size=self.vocab_size,
@@ -133,6 +146,9 @@ class ModelConfig:
       if getattr(self, name) is not None:
         checks.positive(**{name: getattr(self, name)})
     self._check_layer_types()
+    checks.non_negative(num_experts=self.num_experts)
+    if self.num_experts:
+      self._check_experts()
 
   def _check_layer_types(self):
     if self.layer_types is None:
@@ -152,4 +168,17 @@ class ModelConfig:
       raise ValueError(
         "layer_types has sliding_attention layers but sliding_window is"
         " None; set sliding_window (tokens each such layer attends to)."
+      )
+
+  def _check_experts(self):
+    """A mixture of experts needs a router top-k and an expert width."""
+    checks.positive(
+      num_experts=self.num_experts,
+      experts_per_token=self.experts_per_token,
+      expert_intermediate_size=self.expert_intermediate_size,
+    )
+    if self.experts_per_token > self.num_experts:
+      raise ValueError(
+        f"experts_per_token ({self.experts_per_token}) must be at most"
+        f" num_experts ({self.num_experts})."
       )

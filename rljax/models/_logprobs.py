@@ -24,6 +24,8 @@ def token_logprobs(
   positions_BS: Optional[ArrayLike] = None,
   temperature: float = 1.0,
   schedule: str = "auto",
+  routing_LBSK: Optional[ArrayLike] = None,
+  return_routing: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
   """log p(token_s | tokens_<s) and the entropy of that distribution.
 
@@ -47,8 +49,13 @@ def token_logprobs(
   segment only, and the first token of every segment gets 0, so a packed
   row gives each example's log-probs as a row of its own would.
 
+  A mixture-of-experts model routes by ``routing_LBSK`` when given (int32
+  expert ids [layers, B, S, K], e.g. the sampler's: routing replay; see
+  `rljax.models.Transformer.hidden_states`); ``return_routing=True`` also
+  returns its `rljax.models.Routing` (for `rljax.models.load_balancing_loss`).
+
   Returns:
-    (logp_BS, entropy_BS), float32.
+    (logp_BS, entropy_BS), float32 (and the routing when asked).
   """
   _check_options(temperature, schedule)
   tokens = jnp.asarray(tokens_BS)
@@ -57,8 +64,13 @@ def token_logprobs(
     if attention_mask_BS is None
     else jnp.asarray(attention_mask_BS, jnp.float32)
   )
-  hidden, _ = model.hidden_states(
-    tokens, mask, positions_BS=positions_BS, segment_ids_BS=segment_ids_BS
+  hidden, _, *routing = model.hidden_states(
+    tokens,
+    mask,
+    positions_BS=positions_BS,
+    segment_ids_BS=segment_ids_BS,
+    routing_LBSK=routing_LBSK,
+    return_routing=return_routing,
   )
   logp, entropy = _project(
     model, hidden[:, :-1], tokens[:, 1:], temperature, schedule
@@ -73,7 +85,7 @@ def token_logprobs(
   predicted = jnp.concatenate([pad, predicted], 1)
   logp = jnp.concatenate([pad, logp], 1) * predicted
   entropy = jnp.concatenate([pad, entropy], 1) * predicted
-  return logp, entropy
+  return (logp, entropy, *routing)
 
 
 def grouped_completion_logprobs(

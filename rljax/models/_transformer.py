@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 import numpy as np
 
+from rljax.models import _moe
 from rljax.models import _window
 from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
@@ -268,6 +269,10 @@ class Layers(nnx.Module):
     if c.post_norms:
       self.post_attn_norm = _norm_weight(c, (L, D), ("layers", "embed"))
       self.post_mlp_norm = _norm_weight(c, (L, D), ("layers", "embed"))
+    if c.num_experts:
+      for name, param in _moe.expert_params(c, rngs).items():
+        setattr(self, name, param)
+      return
     self.gate_proj = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
     self.up_proj = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
     self.down_proj = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
@@ -411,16 +416,22 @@ def _act(config, x):
   return jax.nn.silu(x)
 
 
-def _mlp(config, w, h):
+def _mlp(config, w, h, experts=None):
   """The feed-forward block on normed hidden states [B, S, D] (SwiGLU, or
-  GeGLU for Gemma)."""
+  GeGLU for Gemma) and its routing (None without experts; `experts`
+  [B, S, K] replays one)."""
+  if config.num_experts:
+    return _moe.moe_mlp(config, w, h, experts)
   gate = _proj(w, "gate_proj", h, "bsd,df->bsf")
   up = _proj(w, "up_proj", h, "bsd,df->bsf")
-  return _proj(w, "down_proj", _act(config, gate) * up, "bsf,fd->bsd")
+  return _proj(w, "down_proj", _act(config, gate) * up, "bsf,fd->bsd"), None
 
 
-def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
-  """One decoder layer; `kv` is (layer index, all layers' k, v) or None,
+def _layer(
+  config, w, x, positions, inv_freq, kv, io, allowed, shared=None, experts=None
+):
+  """One decoder layer and its routing (`_mlp`; `experts` replays one);
+  `kv` is (layer index, all layers' k, v) or None,
   and `io` stores this layer's new keys / values (or returns them, as
   `new`, to be stored later) and gives back the keys / values to attend.
   `shared` is this layer's read-only prefix (k, v), attended before the
@@ -468,10 +479,10 @@ def _layer(config, w, x, positions, inv_freq, kv, io, allowed, shared=None):
   if c.post_norms:
     out = _norm(c, out, w["post_attn_norm"])
   x = x + out
-  out = _mlp(c, w, _norm(c, x, w["mlp_norm"]))
+  out, routing = _mlp(c, w, _norm(c, x, w["mlp_norm"]), experts)
   if c.post_norms:
     out = _norm(c, out, w["post_mlp_norm"])
-  return x + out, kv, new
+  return x + out, kv, new, routing
 
 
 def _check_prefix(prefix, cache, rows: int) -> None:
@@ -527,6 +538,25 @@ def _positions_after(prefix_mask_PS, mask_BS) -> jax.Array:
   return jnp.maximum(before[:, None] + jnp.cumsum(mask_BS, axis=1) - 1, 0)
 
 
+def _check_routing(config, routing_LBSK, return_routing: bool, bs) -> None:
+  """Routing replay and output need experts; a replay has shape [L, B, S,
+  K] (checked here, not as a shape error inside the layer scan)."""
+  if (routing_LBSK is not None or return_routing) and not config.num_experts:
+    raise ValueError(
+      "routing_LBSK / return_routing need a mixture-of-experts model"
+      " (config.num_experts > 0); this model is dense."
+    )
+  if routing_LBSK is None:
+    return
+  expected = (config.num_layers, *bs, config.experts_per_token)
+  if tuple(jnp.shape(routing_LBSK)) != expected:
+    raise ValueError(
+      f"routing_LBSK has shape {tuple(jnp.shape(routing_LBSK))}; it must be"
+      f" [L, B, S, K] = {expected}: the expert ids of every layer and token"
+      " (e.g. a forward's Routing.experts, or the sampler's record)."
+    )
+
+
 def _check_auto_mesh(tokens: jax.Array) -> None:
   """Explicit-axis meshes would need an out_sharding on every einsum."""
   mesh = jax.typeof(tokens).sharding.mesh
@@ -568,6 +598,8 @@ class Transformer(nnx.Module):
     cache_index: ArrayLike = 0,
     prefix: Optional[KVCache] = None,
     segment_ids_BS: Optional[ArrayLike] = None,
+    routing_LBSK: Optional[ArrayLike] = None,
+    return_routing: bool = False,
   ) -> tuple[jax.Array, Optional[KVCache | PagedCache]]:
     """Final-norm hidden states [B, S, D] and the updated cache.
 
@@ -591,11 +623,20 @@ class Transformer(nnx.Module):
     id 0 is padding (never attended to, whatever the mask says). Positions
     then default to `positions_from_segments` (restarting at 0 in each
     segment), so each segment computes what it would alone in its own row.
+
+    Mixture of experts (``config.num_experts`` > 0): ``routing_LBSK``
+    (int32 expert ids per layer and token) replays a routing, e.g. the
+    sampler's, so the tokens run through those experts with gate weights
+    from this forward's routers (routing replay); ``return_routing=True``
+    returns a third value, the `rljax.models.Routing` of every layer
+    (logits [L, B, S, E], experts [L, B, S, K]), for the load-balancing
+    loss or to be replayed.
     """
     c = self.config
     tokens = jnp.asarray(tokens_BS)
     _check_auto_mesh(tokens)
     b, s = tokens.shape
+    _check_routing(c, routing_LBSK, return_routing, (b, s))
     if prefix is not None:
       _check_prefix(prefix, cache, b)
     mask = (
@@ -698,15 +739,17 @@ class Transformer(nnx.Module):
 
     def body(carry, xs):
       x, kvs = carry
-      w, i, shared, inv_freq, sliding = xs
+      w, i, shared, replay, inv_freq, sliding = xs
       kv = None if kvs is None else (i, *kvs)
       if windowed:
         kv = (i, sliding, kvs)
       mask = allowed
       if allowed_local is not None:
         mask = jnp.where(sliding, allowed_local, allowed)
-      x, kvs, new = _layer(c, w, x, positions, inv_freq, kv, io, mask, shared)
-      return (x, kvs), new
+      x, kvs, new, routing = _layer(
+        c, w, x, positions, inv_freq, kv, io, mask, shared, replay
+      )
+      return (x, kvs), (new, routing)
 
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
@@ -715,12 +758,13 @@ class Transformer(nnx.Module):
       layer_ids = jnp.asarray(_window.store_index(c.sliding_layers))
     # The prefix's keys / values are scanned over as inputs (read-only).
     shared = None if prefix is None else (prefix.k, prefix.v)
+    replay = None if routing_LBSK is None else jnp.asarray(routing_LBSK)
     # Per-layer inputs: RoPE frequencies and whether the layer is local.
     per_layer = (layer_frequencies(c), jnp.asarray(c.sliding_layers))
-    (x, kvs), new = jax.lax.scan(
+    (x, kvs), (new, routing) = jax.lax.scan(
       body,
       (x, kvs),
-      (weights, layer_ids, shared, *per_layer),
+      (weights, layer_ids, shared, replay, *per_layer),
       unroll=c.scan_unroll,
     )
     x = _norm(c, x, self.final_norm[...])
@@ -733,6 +777,8 @@ class Transformer(nnx.Module):
       cache = PagedCache(k_all, v_all, cache.pages_BM, lengths)
     elif cache is not None:
       cache = KVCache(kvs[0], kvs[1], key_mask, *kvs[2:])
+    if return_routing:
+      return x, cache, routing
     return x, cache
 
   def logits(self, hidden_BSD: jax.Array) -> jax.Array:

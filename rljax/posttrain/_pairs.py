@@ -249,7 +249,8 @@ class PreferenceRun(PostTrainer):
     )
     pairs = np.stack([choice.chosen, choice.rejected], 1)[..., None]
     tokens, mask = (
-      np.take_along_axis(np.asarray(x), pairs, 1).astype(np.int32) for x in seqs
+      np.take_along_axis(np.asarray(x), pairs, 1).astype(np.int32)
+      for x in (seqs.tokens_PGL, seqs.mask_PGL)
     )
     keep = np.asarray(choice.keep, np.float32)
     ref = self._cached_reference(None, tokens, mask, cacheable=False)
@@ -300,7 +301,9 @@ class PreferenceRun(PostTrainer):
 
       self._grads["reference"] = score
     seqs = self._global_block(Sequences(tokens, mask))
-    out = self._grads["reference"](self.state.reference, *seqs)
+    out = self._grads["reference"](
+      self.state.reference, seqs.tokens_PGL, seqs.mask_PGL
+    )
     return np.asarray(gather(out), np.float32)
 
   # --- the step -------------------------------------------------------------

@@ -319,6 +319,9 @@ def splice(rollout: Rollout, new: Rollout, slots) -> Rollout:
     return rollout
   fields = {}
   for f in Rollout._fields:
+    if getattr(rollout, f) is None:  # an optional field (routing_PGLWK)
+      fields[f] = None
+      continue
     a, b = np.array(getattr(rollout, f)), np.asarray(getattr(new, f))
     for i, j in slots:
       a[i, j] = b[i, j]

@@ -283,6 +283,7 @@ class MarkovianChunks(GroupStrategy):
       logp_PGT=zeros,
       full_logp_PGT=zeros,
       truncated_PG=out_truncated,
+      routing_PGLWK=None,  # the sampler's routing was of other tokens
     )
 
 

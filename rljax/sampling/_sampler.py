@@ -50,6 +50,12 @@ class Rollout(NamedTuple):
   # int32 1 on samples that exist: a prompt given fewer than G samples
   # leaves the rest empty (mask 0) and invalid.
   sample_mask_PG: jax.Array
+  # Mixture-of-experts models: int32 [P, G, L layers, W = S + T, K] the
+  # experts that routed each prompt slot and completion token, to replay in
+  # the update (`rljax.models.Transformer.hidden_states`'s routing_LBSK).
+  # The last completion token is never fed back, so its (unused) entry is
+  # 0. None for dense models.
+  routing_PGLWK: Optional[jax.Array] = None
 
 
 class _Settings(NamedTuple):
@@ -81,6 +87,7 @@ class _Decode(NamedTuple):
   mask_BT: jax.Array
   logp_BT: jax.Array
   full_BT: jax.Array
+  experts_LBTK: Optional[jax.Array] = None  # routing of fed tokens (MoE)
 
 
 def _sample(logits_BV, key, s: _Settings, k: _Knobs):
@@ -133,15 +140,18 @@ def _repeat(x, g: int, axis: int) -> jax.Array:
 
 
 def _prefill(model, tokens_PS, mask_PS, g: int, max_length: int):
-  """Prefill each prompt once; its cache and last logits for its g rows."""
+  """Prefill each prompt once; its cache, last logits and (MoE) routing
+  [L, B, S, K] for its g rows."""
   p = tokens_PS.shape[0]
   cache = init_cache(model.config, p, max_length)
-  hidden, cache = model.hidden_states(
+  moe = bool(model.config.num_experts)
+  hidden, cache, *routing = model.hidden_states(
     tokens_PS,
     mask_PS,
     positions_BS=positions_from_mask(mask_PS),
     cache=cache,
     cache_index=0,
+    return_routing=moe,
   )
   # Left padding puts every prompt's last real token in the last slot.
   logits_PV = model.logits(hidden[:, -1:])[:, 0]
@@ -151,7 +161,8 @@ def _prefill(model, tokens_PS, mask_PS, g: int, max_length: int):
       for x in cache
     )
   )
-  return cache, _repeat(logits_PV, g, 0)
+  experts = _repeat(routing[0].experts, g, 1) if moe else None
+  return cache, _repeat(logits_PV, g, 0), experts
 
 
 def _decode(model, cache, logits_BV, lengths_B, key, s, k: _Knobs, width):
@@ -170,18 +181,25 @@ def _decode(model, cache, logits_BV, lengths_B, key, s, k: _Knobs, width):
     zeros_BT.astype(jnp.float32),
     zeros_BT.astype(jnp.float32),
   )
+  c = c._replace(experts_LBTK=_experts_buffer(model.config, zeros_BT))
   first = _sample(logits_BV, jax.random.fold_in(key, 0), s, k)
   c = _record(c, *first, k.stop_ids)
 
   def body(c: _Decode) -> _Decode:
     # Feed the previous token: slot width + t - 1, position length + t - 1.
-    hidden, cache = model.hidden_states(
+    hidden, cache, *routing = model.hidden_states(
       c.last_B[:, None],
       jnp.ones_like(c.last_B)[:, None],
       positions_BS=(lengths_B + c.t - 1)[:, None],
       cache=c.cache,
       cache_index=width + c.t - 1,
+      return_routing=c.experts_LBTK is not None,
     )
+    if routing:  # the fed token t - 1's experts
+      experts = jax.lax.dynamic_update_slice_in_dim(
+        c.experts_LBTK, routing[0].experts, c.t - 1, axis=2
+      )
+      c = c._replace(experts_LBTK=experts)
     logits = model.logits(hidden)[:, 0]
     step = _sample(logits, jax.random.fold_in(key, c.t), s, k)
     return _record(c._replace(cache=cache), *step, k.stop_ids)
@@ -194,13 +212,30 @@ def _decode(model, cache, logits_BV, lengths_B, key, s, k: _Knobs, width):
   return jax.lax.while_loop(cond, body, c)
 
 
+def _experts_buffer(config, zeros_BT) -> Optional[jax.Array]:
+  """int32 zeros [L, B, T, K] for a mixture of experts' routing, else None."""
+  if not config.num_experts:
+    return None
+  shape = (config.num_layers, *zeros_BT.shape, config.experts_per_token)
+  return jnp.broadcast_to(zeros_BT[None, :, :, None], shape)
+
+
+def _routing(prompt_LBSK, completion_LBTK, p: int, g: int):
+  """[P, G, L, S + T, K] from the prefill's and the decode's routing."""
+  if prompt_LBSK is None:
+    return None
+  both = jnp.concatenate([prompt_LBSK, completion_LBTK], axis=2)
+  both = jnp.moveaxis(both, 0, 1)
+  return both.reshape((p, g) + both.shape[1:])
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "s"))
 def _generate(graphdef, state, tokens_PS, mask_PS, key, s: _Settings, k):
   """The whole sampler as one compiled program."""
   model = nnx.merge(graphdef, state)
   p, width = tokens_PS.shape
   g = s.num_samples
-  cache, logits_BV = _prefill(
+  cache, logits_BV, prompt_experts = _prefill(
     model, tokens_PS, mask_PS, g, width + s.max_new_tokens
   )
   lengths_B = _repeat(jnp.sum(mask_PS, axis=-1), g, 0)
@@ -221,6 +256,7 @@ def _generate(graphdef, state, tokens_PS, mask_PS, key, s: _Settings, k):
     group_ids_PG=jnp.broadcast_to(
       jnp.arange(p, dtype=jnp.int32)[:, None], (p, g)
     ),
+    routing_PGLWK=_routing(prompt_experts, c.experts_LBTK, p, g),
   )
 
 

@@ -4,7 +4,9 @@ Parameters carry ``logical_axes`` metadata (``("layers", "embed", "heads",
 "head_dim")``); rules map each logical name to mesh axes. The mesh has three
 named axes: ``data`` (pure data parallelism), ``fsdp`` (data parallelism
 with parameters split across it) and ``tensor`` (heads, MLP and vocabulary
-split). Batches are split over ``("data", "fsdp")``.
+split). Batches are split over ``("data", "fsdp")``. Mixture-of-experts
+weights split their expert axis over ``fsdp`` (expert parallelism without a
+fourth mesh axis: meshes, batch axes and mesh specs stay as they are).
 
 Meshes use `jax.sharding.AxisType.Auto`: jit's in/out shardings fix where
 inputs and outputs live and XLA's partitioner places the rest, as MaxText
@@ -40,6 +42,11 @@ DEFAULT_RULES: Rules = (
   ("kv_heads", "tensor"),
   ("head_dim", None),
   ("mlp", "tensor"),
+  # Mixtures of experts: expert parallelism over the fsdp axis, whose
+  # devices already hold different tokens (GShard's layout); the experts'
+  # own width stays whole there (one mesh axis per array dimension).
+  ("expert", "fsdp"),
+  ("expert_embed", None),
 )
 
 

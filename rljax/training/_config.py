@@ -38,6 +38,9 @@ class ModelSpec:
   # Encode each group's shared prompt once in the training forward and
   # backward (Prefix Grouper, `rljax.models.grouped_completion_logprobs`).
   prefix_grouper: bool = False
+  # Mixture-of-experts policies: coefficient of the router's load-balancing
+  # loss in the policy update (`UpdateSpec.router_aux_coef`); 0 is off.
+  router_aux_coef: float = 0.0
   # A checkpoint source keeps only its first `keep_layers` layers (a
   # truncated student for distillation); None keeps them all.
   keep_layers: Optional[int] = None

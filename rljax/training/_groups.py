@@ -163,13 +163,14 @@ def sample_groups(
         f" a batch of {batch}."
       )
     rollout = rollout._replace(
+      routing_PGLWK=None,  # routed other prompt slots: route freely
       **_fit_prompts(
         rollout.prompt_tokens_PGS,
         rollout.prompt_mask_PGS,
         tokens_PS,  # the run's prompt width; empty rows: the group's
         mask_PS,
         type(strategy).__name__,
-      )
+      ),
     )
   scored = score(rollout)
   for round_ in range(strategy.max_rounds):

@@ -205,8 +205,14 @@ def _pad_completions(rollout: Rollout, width: Optional[int]) -> Rollout:
   if width is None or width == t:
     return rollout
   pad = lambda x: np.pad(np.asarray(x), [(0, 0), (0, 0), (0, width - t)])  # noqa: E731
+  routing = rollout.routing_PGLWK  # MoE: its token axis grows too
+  if routing is not None:
+    routing = np.pad(
+      np.asarray(routing), [(0, 0)] * 3 + [(0, width - t)] + [(0, 0)]
+    )
   return rollout._replace(
-    **{f: pad(getattr(rollout, f)) for f in Rollout._fields if f[-3:] == "PGT"}
+    routing_PGLWK=routing,
+    **{f: pad(getattr(rollout, f)) for f in Rollout._fields if f[-3:] == "PGT"},
   )
 
 
@@ -231,6 +237,7 @@ def sequences(rollout: Rollout) -> Sequences:
     mask_PGL=np.concatenate(
       [np.asarray(rollout.prompt_mask_PGS), np.asarray(rollout.mask_PGT)], -1
     ),
+    routing_PGYLK=rollout.routing_PGLWK,
   )
 
 
@@ -239,7 +246,9 @@ def take_groups(scored: Sequence[Scored], order: np.ndarray) -> Scored:
   cat = lambda xs: np.concatenate([np.asarray(x) for x in xs])  # noqa: E731
   rollout = Rollout(
     *(
-      cat([getattr(s.rollout, f) for s in scored])[order]
+      None  # an optional field (e.g. a dense model's routing_PGLWK)
+      if getattr(scored[0].rollout, f) is None
+      else cat([getattr(s.rollout, f) for s in scored])[order]
       for f in Rollout._fields
     )
   )

@@ -40,6 +40,7 @@ from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import Mean
 from rljax.models import grouped_completion_logprobs
+from rljax.models import load_balancing_loss
 from rljax.models import token_logprobs
 
 
@@ -72,6 +73,10 @@ class Sequences(NamedTuple):
 
   tokens_PGL: jax.Array
   mask_PGL: jax.Array
+  # Mixture-of-experts policies: int32 [P, G, Y layers, L, K] the sampler's
+  # experts (`rljax.sampling.Rollout.routing_PGLWK`), replayed by every
+  # forward of an MoE model here (routing replay); None routes freely.
+  routing_PGYLK: Optional[jax.Array] = None
 
 
 class Models(NamedTuple):
@@ -91,6 +96,7 @@ def completion_logprobs(
   temperature,
   schedule="auto",
   prefix_grouper=False,
+  return_routing=False,
 ):
   """(logp_PGT, entropy_PGT) of the last `width` tokens of each sequence.
 
@@ -100,7 +106,20 @@ def completion_logprobs(
   the same values and gradients, up to float rounding, with the prompt's
   share of the compute divided by G. Samples of a group with different
   prompts raise an error (a ValueError, or at run time under `jax.jit`).
+
+  A mixture-of-experts `model` routes the tokens through the experts in
+  ``seqs.routing_PGYLK`` when it is given (routing replay: Ma et al., 2025,
+  "Rollout Routing Replay", arXiv:2510.11370); dense models ignore it.
+  ``return_routing=True`` (MoE, no prefix_grouper) also returns the
+  `rljax.models.Routing` of the P * G rows (leading axis: layers).
   """
+  replay = seqs.routing_PGYLK is not None and model.config.num_experts
+  if (replay or return_routing) and prefix_grouper:
+    raise ValueError(
+      "routing replay (Sequences.routing_PGYLK) and the router's auxiliary"
+      " loss do not support prefix_grouper; turn prefix_grouper off for"
+      " mixture-of-experts policies."
+    )
   if prefix_grouper:
     prompt, prompt_mask = shared_prompts(
       seqs, seqs.tokens_PGL.shape[-1] - width
@@ -116,15 +135,21 @@ def completion_logprobs(
     )
   p, g, length = seqs.tokens_PGL.shape
   flat = lambda x: x.reshape(p * g, length)  # noqa: E731
-  logp, entropy = token_logprobs(
+  routing = None
+  if replay:  # [P, G, Y, L, K] -> [Y, P * G, L, K]
+    r = seqs.routing_PGYLK
+    routing = jnp.moveaxis(r.reshape(p * g, *r.shape[2:]), 1, 0)
+  logp, entropy, *routing = token_logprobs(
     model,
     flat(seqs.tokens_PGL),
     flat(seqs.mask_PGL),
     temperature=temperature,
     schedule=schedule,
+    routing_LBSK=routing,
+    return_routing=return_routing,
   )
   back = lambda x: x[:, length - width :].reshape(p, g, width)  # noqa: E731
-  return back(logp), back(entropy)
+  return (back(logp), back(entropy), *routing)
 
 
 def shared_prompts(seqs: Sequences, prompt_width: int):
@@ -271,6 +296,9 @@ class UpdateSpec(NamedTuple):
   schedule: str = "auto"
   value_eps: Optional[float] = 0.2
   prefix_grouper: bool = False  # encode each group's prompt once
+  # Mixture of experts: add coef * `rljax.models.load_balancing_loss` (over
+  # prompt and completion tokens) to the policy loss; 0 leaves it out.
+  router_aux_coef: float = 0.0
 
 
 def _accumulated_grads(loss_fn, params, data, microbatches):
@@ -311,6 +339,37 @@ def _policy_logprobs(models, spec, params, seqs):
   )
 
 
+def _with_router_aux(models, algorithm, spec, params, rows, algo_state, key, i):
+  """The policy loss plus ``spec.router_aux_coef`` times the router's
+  load-balancing loss, and the latter as metric ``router_aux``.
+
+  The auxiliary term is weighted by the micro-batch's denominator (by
+  1 / microbatches when the loss has none), so the summed loss gains coef
+  times the (weighted) mean auxiliary loss of the micro-batches.
+  """
+  seqs, batch = rows
+  model = nnx.merge(models.policy, params)
+  logp, entropy, routing = completion_logprobs(
+    model,
+    seqs,
+    spec.completion_width,
+    temperature=spec.temperature,
+    schedule=spec.schedule,
+    prefix_grouper=spec.prefix_grouper,
+    return_routing=True,
+  )
+  p, g, length = seqs.mask_PGL.shape
+  mask = seqs.mask_PGL.reshape(p * g, length)
+  aux = load_balancing_loss(routing.logits, routing.experts, mask)
+  loss, metrics = algorithm.loss(
+    logp, batch, algo_state, entropy_PGT=entropy, key=jax.random.fold_in(key, i)
+  )
+  weight = jnp.where(loss.den == 0, 1.0 / spec.microbatches, loss.den)
+  loss = Mean(loss.num + spec.router_aux_coef * aux * weight, loss.den)
+  metrics = {**metrics, "router_aux": Mean(aux, jnp.float32(1.0))}
+  return loss, metrics
+
+
 def _policy_grads(
   models, algorithm, spec, params, algo_state, seqs, batch, key
 ):
@@ -318,6 +377,10 @@ def _policy_grads(
 
   def loss(params, rows, i):
     mb_seqs, mb_batch = rows
+    if spec.router_aux_coef:
+      return _with_router_aux(
+        models, algorithm, spec, params, rows, algo_state, key, i
+      )
     logp, entropy = _policy_logprobs(models, spec, params, mb_seqs)
     return algorithm.loss(
       logp,

@@ -434,6 +434,7 @@ class Trainer:
       schedule=c.model.logprob_schedule,
       value_eps=c.algorithm.value_eps,
       prefix_grouper=c.model.prefix_grouper,
+      router_aux_coef=c.model.router_aux_coef,
     )
     self._update = self._update_at(c.sampler.temperature)
     self._prepare = jax.jit(

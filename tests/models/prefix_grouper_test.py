@@ -354,7 +354,7 @@ def test_completion_logprobs_option_and_differing_prompts():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   # Sample (1, 1) gets another prompt token, or another prompt padding: a
   # ValueError (eager), a runtime error with the same message (jitted).
-  tokens, mask = seqs
+  tokens, mask = seqs.tokens_PGL, seqs.mask_PGL
   for other in (
     seqs._replace(tokens_PGL=tokens.at[1, 1, S - 1].add(1)),
     seqs._replace(mask_PGL=mask.at[0, 1, 0].set(0)),

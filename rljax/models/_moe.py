@@ -1,0 +1,183 @@
+"""Mixture-of-experts feed-forward blocks (Qwen3-MoE, Mixtral).
+
+A linear router scores the E experts of each token; the softmax (in
+float32) picks the top K; each token's output is the gate-weighted sum of
+its K experts' SwiGLU outputs. Shapes: B batch, S sequence, D width, E
+experts, K experts per token, F expert width, L layers, T = B * S tokens.
+
+Dispatch never builds a dense [T, E, D] tensor: the T * K token-slots are
+sorted by expert, so each expert's tokens are one contiguous run, and the
+experts run as grouped matmuls (`jax.lax.ragged_dot`) over the runs. The
+block holds [T * K, D] gathered inputs and outputs and [T * K, F]
+activations, K times a dense MLP's, whatever E.
+"""
+
+from typing import NamedTuple, Optional
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from rljax.models._config import ModelConfig
+
+
+class Routing(NamedTuple):
+  """What the routers did: per layer when returned by a model (leading L).
+
+  ``logits`` are the router's float32 logits, ``experts`` the int32 ids of
+  the experts each token ran through (its top K, or the replayed ones).
+  """
+
+  logits: jax.Array  # float32 [(L,) B, S, E]
+  experts: jax.Array  # int32 [(L,) B, S, K]
+
+
+def expert_params(config: ModelConfig, rngs: nnx.Rngs) -> dict:
+  """The stacked router and expert weights of every layer.
+
+  Logical axes: "expert" on the expert dimension (sharded by the rules:
+  expert parallelism), "expert_embed" on the experts' width (the rules
+  leave it whole, so "expert" and "embed" may share a mesh axis).
+  """
+  c, dt = config, config.param_dtype
+  L, D, E, F = (
+    c.num_layers,
+    c.hidden_size,
+    c.num_experts,
+    c.expert_intermediate_size,
+  )
+  init = jax.nn.initializers.normal(0.02)
+
+  def param(shape, axes):
+    return nnx.Param(init(rngs.params(), shape, dt), logical_axes=axes)
+
+  expert_in = ("layers", "expert", "expert_embed", "mlp")
+  return {
+    "router": param((L, D, E), ("layers", "embed", None)),
+    "expert_gate": param((L, E, D, F), expert_in),
+    "expert_up": param((L, E, D, F), expert_in),
+    "expert_down": param(
+      (L, E, F, D), ("layers", "expert", "mlp", "expert_embed")
+    ),
+  }
+
+
+def route(
+  config: ModelConfig,
+  logits_TE: jax.Array,
+  experts_TK: Optional[jax.Array] = None,
+) -> tuple[jax.Array, jax.Array]:
+  """Gate weights [T, K] (float32) and expert ids [T, K] (int32).
+
+  The weights are the softmax probabilities (over all E experts) of the
+  chosen experts, divided by their sum when ``config.norm_topk_prob`` (so
+  equal to a softmax over the chosen experts' logits). The experts are the
+  top K unless `experts_TK` replays earlier choices: then the weights are
+  this router's probabilities at the replayed experts (routing replay).
+  """
+  probs = jax.nn.softmax(logits_TE.astype(jnp.float32), axis=-1)
+  if experts_TK is None:
+    weights, experts_TK = jax.lax.top_k(probs, config.experts_per_token)
+  else:
+    experts_TK = jnp.asarray(experts_TK, jnp.int32)
+    weights = jnp.take_along_axis(probs, experts_TK, axis=-1)
+  if config.norm_topk_prob:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return weights, experts_TK.astype(jnp.int32)
+
+
+def _grouped(w, name, x_MD, group_sizes_E) -> jax.Array:
+  """``x @ w[name][e]`` for each run of rows of expert e, in x's dtype."""
+  return jax.lax.ragged_dot(x_MD, w[name].astype(x_MD.dtype), group_sizes_E)
+
+
+def _experts(w, x_TD, experts_TK, num_experts: int) -> jax.Array:
+  """[T, K, D] each token's output from each of its K experts.
+
+  Sorting the T * K slots by expert makes each expert's rows contiguous;
+  the inverse permutation puts the results back in slot order.
+  """
+  t, k = experts_TK.shape
+  flat = experts_TK.reshape(-1)
+  order = jnp.argsort(flat, stable=True)
+  sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+  x = x_TD[order // k]  # [T * K, D], rows grouped by expert
+  gate = _grouped(w, "expert_gate", x, sizes)
+  up = _grouped(w, "expert_up", x, sizes)
+  y = _grouped(w, "expert_down", jax.nn.silu(gate) * up, sizes)
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t * k))
+  return y[inverse].reshape(t, k, -1)
+
+
+def moe_mlp(
+  config: ModelConfig,
+  w: dict,
+  h_BSD: jax.Array,
+  experts_BSK: Optional[ArrayLike] = None,
+) -> tuple[jax.Array, Routing]:
+  """The mixture-of-experts block on normed hidden states [B, S, D].
+
+  Args:
+    config: the model's config (``num_experts`` > 0).
+    w: one layer's weights (``router`` [D, E], ``expert_gate`` and
+      ``expert_up`` [E, D, F], ``expert_down`` [E, F, D]).
+    h_BSD: the normed hidden states.
+    experts_BSK: int32 expert ids to route through instead of the top K
+      (routing replay); gate weights still come from this router.
+
+  Returns:
+    The block's output [B, S, D] and its `Routing` (logits [B, S, E],
+    experts [B, S, K]).
+  """
+  b, s, d = h_BSD.shape
+  logits = jnp.einsum(
+    "bsd,de->bse", h_BSD, w["router"].astype(h_BSD.dtype)
+  ).astype(jnp.float32)
+  replay = None
+  if experts_BSK is not None:
+    replay = jnp.asarray(experts_BSK).reshape(b * s, -1)
+  weights, experts = route(config, logits.reshape(b * s, -1), replay)
+  y = _experts(w, h_BSD.reshape(b * s, d), experts, config.num_experts)
+  out = jnp.einsum("tkd,tk->td", y, weights.astype(y.dtype))
+  routing = Routing(logits, experts.reshape(b, s, -1))
+  return out.reshape(b, s, d), routing
+
+
+def load_balancing_loss(
+  logits_LBSE: ArrayLike,
+  experts_LBSK: ArrayLike,
+  mask_BS: Optional[ArrayLike] = None,
+) -> jax.Array:
+  """The Switch-Transformer auxiliary loss E * sum_e f_e * P_e (float32).
+
+  f_e is the number of (layer, real token) top-K assignments to expert e
+  and P_e the summed router probability of expert e, both divided by the
+  number of (layer, real token) pairs: statistics pooled over layers, as
+  transformers' ``load_balancing_loss_func`` (Mixtral, Qwen3-MoE) computes
+  them; sum_e f_e = K, and perfectly balanced routing gives K. Gradients
+  flow through P only (the assignment is discrete).
+
+  Args:
+    logits_LBSE: router logits of every layer (`Routing.logits`).
+    experts_LBSK: the experts each token was routed to (`Routing.experts`).
+    mask_BS: 1 on real tokens, 0 on padding (default: all real).
+
+  Returns:
+    The scalar loss.
+
+  References:
+    Fedus et al., 2021, "Switch Transformers", arXiv:2101.03961, eq. 4-6.
+  """
+  logits = jnp.asarray(logits_LBSE, jnp.float32)
+  experts = jnp.asarray(experts_LBSK, jnp.int32)
+  num_experts = logits.shape[-1]
+  mask = jnp.ones(logits.shape[1:3], jnp.float32)
+  if mask_BS is not None:
+    mask = jnp.asarray(mask_BS, jnp.float32)
+  count = mask.sum() * logits.shape[0]
+  probs = jax.nn.softmax(logits, axis=-1)
+  p = jnp.einsum("lbse,bs->e", probs, mask) / count
+  onehot = jax.nn.one_hot(experts, num_experts, dtype=jnp.float32)
+  f = jnp.einsum("lbske,bs->e", onehot, mask) / count
+  return num_experts * jnp.sum(f * p)
