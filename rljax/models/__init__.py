@@ -4,6 +4,10 @@ from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._logprobs import grouped_completion_logprobs
 from rljax.models._logprobs import token_logprobs
+from rljax.models._lora import add_lora
+from rljax.models._lora import merge_lora
+from rljax.models._lora import quantize_base
+from rljax.models._lora import save_peft
 from rljax.models._transformer import KVCache
 from rljax.models._transformer import PagedCache
 from rljax.models._transformer import Transformer
@@ -19,9 +23,13 @@ __all__ = [
   "RopeScaling",
   "Transformer",
   "ValueModel",
+  "add_lora",
   "grouped_completion_logprobs",
   "init_cache",
   "init_pages",
+  "merge_lora",
   "positions_from_mask",
+  "quantize_base",
+  "save_peft",
   "token_logprobs",
 ]
