@@ -4,6 +4,7 @@ from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._logprobs import grouped_completion_logprobs
 from rljax.models._logprobs import token_logprobs
+from rljax.models._lora import LORA_TARGETS
 from rljax.models._lora import add_lora
 from rljax.models._lora import merge_lora
 from rljax.models._lora import quantize_base
@@ -18,6 +19,7 @@ from rljax.models._transformer import positions_from_mask
 
 __all__ = [
   "KVCache",
+  "LORA_TARGETS",
   "ModelConfig",
   "PagedCache",
   "RopeScaling",

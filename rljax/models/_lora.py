@@ -53,7 +53,7 @@ PROJECTIONS = {
   "up_proj": 1,
   "down_proj": 1,
 }
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+LORA_TARGETS = tuple(PROJECTIONS)
 
 
 class LoraScale(nnx.Variable):
@@ -83,7 +83,7 @@ def add_lora(
   *,
   rank: int,
   alpha: float,
-  targets=tuple(PROJECTIONS),
+  targets=LORA_TARGETS,
   seed: int = 0,
 ):
   """Adds zero-effect LoRA adapters to `model`'s `targets` (in place).
@@ -127,7 +127,7 @@ def add_lora(
   return model
 
 
-def quantize_base(model, targets=tuple(PROJECTIONS)):
+def quantize_base(model, targets=LORA_TARGETS):
   """Stores `model`'s `targets` projections as int8 with per-output-channel
   float32 scales (QLoRA's frozen base; in place). Returns the model."""
   layers = model.layers
@@ -190,13 +190,13 @@ def adapter_delta(w, name, x, equation):
 def trainable(params):
   """The part of a policy's `nnx.State` that trains: its LoRAParams when it
   has any, else all of it."""
-  adapters = params.filter(nnx.LoRAParam)
+  adapters = nnx.filter_state(params, nnx.LoRAParam)
   return adapters if jax.tree.leaves(adapters) else params
 
 
 def with_trainable(params, trained):
   """`params` with its trainable part (`trainable`) replaced by `trained`."""
-  if not jax.tree.leaves(params.filter(nnx.LoRAParam)):
+  if not jax.tree.leaves(nnx.filter_state(params, nnx.LoRAParam)):
     return trained
   return nnx.merge_state(params, trained)
 
