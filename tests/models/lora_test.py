@@ -136,6 +136,11 @@ def test_quantized_base_logits_stay_close_and_adapters_train():
   assert float(np.abs(grads["layers"]["q_proj_lora_b"][...]).max()) > 0
 
 
+def test_save_hf_refuses_adapters_and_names_merge_lora(tmp_path):
+  with pytest.raises(ValueError, match="merge_lora"):
+    checkpoints.save_hf(_adapted(), tmp_path)
+
+
 def test_bad_targets_name_the_choices():
   with pytest.raises(ValueError, match="q_proj"):
     add_lora(testing.random_model(_config()), rank=2, alpha=2, targets=("qq",))
