@@ -195,7 +195,10 @@ def trainable(params):
 
 
 def with_trainable(params, trained):
-  """`params` with its trainable part (`trainable`) replaced by `trained`."""
+  """`params` with its trainable part (`trainable`) replaced by `trained`
+  (None stays None: a run without a reference)."""
+  if trained is None:
+    return None
   if not jax.tree.leaves(nnx.filter_state(params, nnx.LoRAParam)):
     return trained
   return nnx.merge_state(params, trained)

@@ -183,3 +183,19 @@ def test_peft_loads_the_exported_adapters(tmp_path):
   got = np.asarray(_forward(model, TOKENS))
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
   assert np.max(np.abs(want - np.asarray(_forward(base, TOKENS)))) > 0.1
+
+
+def test_trainable_part_and_reference_helpers():
+  model = _randomise_b(_adapted(targets=("v_proj",)))
+  params = nnx.state(model)
+  trained = _lora.trainable(params)
+  assert set(trained["layers"]) == {"v_proj_lora_a", "v_proj_lora_b"}
+  off = _lora.with_trainable(params, _lora.adapters_off(params))
+  assert not np.any(np.asarray(off["layers"]["v_proj_lora_b"][...]))
+  np.testing.assert_array_equal(
+    off["layers"]["v_proj"][...], params["layers"]["v_proj"][...]
+  )
+  assert _lora.with_trainable(params, None) is None  # no reference kept
+  plain = nnx.state(testing.random_model(_config()))
+  assert _lora.trainable(plain) is plain  # full fine-tuning: everything
+  assert _lora.with_trainable(plain, plain) is plain
