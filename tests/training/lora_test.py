@@ -165,6 +165,7 @@ def test_grpo_lora_config_runs_two_iterations(tmp_path):
       f"output.directory={tmp_path}",
       "train.steps=2",
       "train.eval_prompts=4",
+      "train.mesh=(1, 1, 1)",
       "output.tensorboard=False",
       "output.plot=False",
     ],
