@@ -532,8 +532,20 @@ def _fill(model: Transformer, tensors, where: _Where) -> None:
   _unused(tensors, used, c.tie_embeddings, where)
 
 
+def _check_plain(model: Transformer) -> None:
+  """LoRA adapters or an int8 base have no HF tensor: refuse, not drop."""
+  extra = [k for k in vars(model.layers) if k.endswith(("_lora_a", "_qscale"))]
+  if extra:
+    raise ValueError(
+      f"the model carries LoRA adapters or an int8 base ({extra[0]}, ...);"
+      " export rljax.models.merge_lora(model) (W + alpha / r A B), and the"
+      " adapters with rljax.models.save_peft."
+    )
+
+
 def hf_tensors(model: Transformer) -> dict[str, np.ndarray]:
   """The model's weights under HF names and layouts (float32 numpy)."""
+  _check_plain(model)
   c = model.config
   out = {
     "model.embed_tokens.weight": np.asarray(model.embed[...], np.float32),

@@ -6,6 +6,11 @@ from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
 from rljax.models._logprobs import grouped_completion_logprobs
 from rljax.models._logprobs import token_logprobs
+from rljax.models._lora import LORA_TARGETS
+from rljax.models._lora import add_lora
+from rljax.models._lora import merge_lora
+from rljax.models._lora import quantize_base
+from rljax.models._lora import save_peft
 from rljax.models._moe import Routing
 from rljax.models._moe import load_balancing_loss
 from rljax.models._moe import moe_mlp
@@ -20,6 +25,7 @@ from rljax.models._transformer import positions_from_mask
 
 __all__ = [
   "KVCache",
+  "LORA_TARGETS",
   "LinearRopeScaling",
   "ModelConfig",
   "PagedCache",
@@ -27,12 +33,16 @@ __all__ = [
   "Routing",
   "Transformer",
   "ValueModel",
+  "add_lora",
   "cache_bytes",
   "grouped_completion_logprobs",
   "init_cache",
   "init_pages",
   "load_balancing_loss",
+  "merge_lora",
   "moe_mlp",
   "positions_from_mask",
+  "quantize_base",
+  "save_peft",
   "token_logprobs",
 ]

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 import numpy as np
 
+from rljax.models import _lora
 from rljax.models import _moe
 from rljax.models import _window
 from rljax.models._config import LinearRopeScaling
@@ -404,8 +405,11 @@ def _cast(x, dtype):
 
 def _proj(w, name, x, equation):
   """``einsum(equation, x, w[name])`` in x's dtype: every weight matrix of a
-  layer is applied here (the one place adapters attach to)."""
-  return jnp.einsum(equation, x, w[name].astype(x.dtype))
+  layer is applied here (the one place adapters attach to), an int8 base
+  dequantized and a LoRA adapter added on the activations (`_lora`)."""
+  y = jnp.einsum(equation, x, _lora.base_weight(w, name, x.dtype))
+  delta = _lora.adapter_delta(w, name, x, equation)
+  return y if delta is None else y + delta
 
 
 def _act(config, x):
@@ -730,10 +734,11 @@ class Transformer(nnx.Module):
           all(c.sliding_layers),
         )
       )
+    # Every stacked variable: weights, adapters and their scales (`_lora`).
     weights = {
       k: v[...]
       for k, v in vars(self.layers).items()
-      if isinstance(v, nnx.Param)
+      if isinstance(v, nnx.Variable)
     }
     positions = jnp.asarray(positions_BS)
 

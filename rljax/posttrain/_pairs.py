@@ -21,6 +21,7 @@ import numpy as np
 from rljax import losses
 from rljax._src.base import Mean
 from rljax._src.errors import UserError
+from rljax.models import _lora
 from rljax.posttrain import _data
 from rljax.posttrain import _encode
 from rljax.posttrain import _mechanisms
@@ -302,7 +303,7 @@ class PreferenceRun(PostTrainer):
       self._grads["reference"] = score
     seqs = self._global_block(Sequences(tokens, mask))
     out = self._grads["reference"](
-      self.state.reference, seqs.tokens_PGL, seqs.mask_PGL
+      self.reference_params(), seqs.tokens_PGL, seqs.mask_PGL
     )
     return np.asarray(gather(out), np.float32)
 
@@ -312,7 +313,7 @@ class PreferenceRun(PostTrainer):
     """(the frozen weights it reads, the run's pair objective)."""
     frozen = graphs = None
     if self.loss_name == "tgdpo":
-      frozen = (self.teacher[1], self.state.reference)
+      frozen = (self.teacher[1], self.reference_params())
       graphs = (self.teacher[0], self.models.policy)
     return frozen, pair_objective(
       self.loss_name,
@@ -327,8 +328,12 @@ class PreferenceRun(PostTrainer):
     current policy, or with APO's ``apo_alpha`` the extrapolated one, which
     the policy continues from too."""
     if self.apo_alpha > 0:
-      new = _mechanisms.apo_extrapolate(
-        self.state.policy.params, self.state.reference, self.apo_alpha
+      params = self.state.policy.params
+      new = _lora.with_trainable(
+        params,
+        _mechanisms.apo_extrapolate(
+          _lora.trainable(params), self.state.reference, self.apo_alpha
+        ),
       )
       self.state = self.state._replace(
         policy=self.state.policy._replace(params=new)

@@ -13,6 +13,7 @@ rows or sharded.
 from collections.abc import Callable, Sequence
 import dataclasses
 import functools
+import pathlib
 import time
 from typing import Any, Optional
 
@@ -31,6 +32,9 @@ from rljax._src.base import Algorithm
 from rljax._src.base import Mean
 from rljax._src.base import chain
 from rljax._src.errors import UserError
+from rljax.models import _lora
+from rljax.models import merge_lora
+from rljax.models import save_peft
 from rljax.posttrain import _data
 from rljax.training import _hosts
 from rljax.training._config import RunConfig
@@ -187,10 +191,17 @@ class PostTrainer(Trainer):
     if name not in self._grads:
       graphdef = self.models.policy
 
-      def total(params, frozen, block):
-        return objective(nnx.merge(graphdef, params), frozen, block)
+      def total(trained, params, frozen, block):
+        model = nnx.merge(graphdef, _lora.with_trainable(params, trained))
+        return objective(model, frozen, block)
 
-      self._grads[name] = jax.jit(jax.value_and_grad(total, has_aux=True))
+      # Gradients of the trainable part only (the adapters, under LoRA).
+      grads = jax.value_and_grad(total, has_aux=True)
+      self._grads[name] = jax.jit(
+        lambda params, frozen, block: grads(
+          _lora.trainable(params), params, frozen, block
+        )
+      )
     return self._grads[name]
 
   def _accumulate(self, name, objective, frozen, blocks) -> tuple:
@@ -218,13 +229,13 @@ class PostTrainer(Trainer):
       def apply(state, grads, total, count):
         policy = state.policy
         grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1.0), grads)
-        updates, opt_state = optimizer.update(
-          grads, policy.opt_state, policy.params
-        )
-        params = jax.tree.map(jnp.add, policy.params, updates)
+        trained = _lora.trainable(policy.params)
+        updates, opt_state = optimizer.update(grads, policy.opt_state, trained)
+        trained = jax.tree.map(jnp.add, trained, updates)
+        params = _lora.with_trainable(policy.params, trained)
         loss_ok = jnp.isfinite(total)
         grads_ok = all_finite(grads)
-        params_ok = all_finite(params)
+        params_ok = all_finite(trained)
         ok = loss_ok & grads_ok & params_ok
         new = policy._replace(
           params=params, opt_state=opt_state, step=policy.step + 1
@@ -270,7 +281,8 @@ class PostTrainer(Trainer):
     """`Trainer.run`, then the trained policy exported to
     ``<output.directory>/model`` (HF safetensors and tokenizer): the next
     run of a pipeline loads it with ``model.source="hf:<that directory>"``
-    (SFT, then preference optimisation or RL)."""
+    (SFT, then preference optimisation or RL). With LoRA the export is the
+    merged model, and the adapters in PEFT's format in ``model/adapter``."""
     summary = super().run(steps=steps)
     summary["model"] = self.export(self.directory / "model")
     return summary
@@ -281,6 +293,10 @@ class PostTrainer(Trainer):
     params = gather(self.state.policy.params)
     if self._writer:
       model = nnx.merge(self.models.policy, params)
+      if _lora.has_adapters(model):
+        source = self.config.model.source
+        save_peft(model, pathlib.Path(directory) / "adapter", base=source)
+        model = merge_lora(model)
       checkpoints.save_hf(model, directory)
       self.tokenizer.save(directory)
     return str(directory)

@@ -20,6 +20,9 @@ from rljax._src.tables import PromptTable
 from rljax.models import ModelConfig
 from rljax.models import Transformer
 from rljax.models import ValueModel
+from rljax.models import _lora
+from rljax.models import add_lora
+from rljax.models import quantize_base
 from rljax.tokenizers import Tokenizer
 from rljax.tokenizers import tokenizer_from_gguf
 from rljax.training import _precision
@@ -103,6 +106,22 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
   if spec.keep_layers is not None:
     model = keep_layers(model, spec.keep_layers)
   return model, tokenizer
+
+
+def adapt(model: Transformer, spec: ModelSpec) -> Transformer:
+  """`model` with LoRA adapters (and an int8 base for QLoRA) when
+  ``spec.lora_rank`` > 0, else unchanged; in place. Seeded, so a resumed run
+  builds the same structure."""
+  if not spec.lora_rank:
+    return model
+  if spec.lora_quantize_base:
+    quantize_base(model, spec.lora_targets)
+  return add_lora(
+    model,
+    rank=spec.lora_rank,
+    alpha=spec.lora_alpha,
+    targets=spec.lora_targets,
+  )
 
 
 def keep_layers(model: Transformer, n: int) -> Transformer:
@@ -229,6 +248,11 @@ def init_state(
     )
 
   params = placed(policy)
+  # With LoRA only the adapters train (`_lora.trainable`), and the reference
+  # is the same base with zero adapters; without, the whole state.
+  trained = _lora.trainable(params)
+  lora = trained is not params
+  ref = _lora.adapters_off(params) if lora else jax.tree.map(jnp.copy, params)
   value = None
   if critic is not None:
     v_params = placed(critic)
@@ -237,13 +261,13 @@ def init_state(
   state = TrainState(
     policy=PolicyState(
       params=params,
-      opt_state=on_mesh(jax.jit(models.optimizer.init)(params)),
+      opt_state=on_mesh(jax.jit(models.optimizer.init)(trained)),
       algo_state=jax.device_put(algorithm.init(), replicated),
       step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
     ),
-    # The reference is the initial policy; a copy, since updates are
-    # functional the arrays could even be shared.
-    reference=jax.tree.map(jnp.copy, params) if reference else None,
+    # The reference is the initial policy (a copy: updates are functional,
+    # the arrays could even be shared); with LoRA, its zero adapters.
+    reference=ref if reference else None,
     value=value,
   )
   return state, jax.tree.map(lambda x: x.sharding, state)

@@ -44,6 +44,23 @@ class ModelSpec:
   # A checkpoint source keeps only its first `keep_layers` layers (a
   # truncated student for distillation); None keeps them all.
   keep_layers: Optional[int] = None
+  # LoRA (`rljax.models.add_lora`): adapters of rank `lora_rank` (0: full
+  # fine-tuning) and scale lora_alpha / lora_rank on `lora_targets`, added
+  # after the warm start; only they train, and the reference policy is the
+  # base with zero adapters. `lora_quantize_base`: QLoRA, the frozen base's
+  # targeted projections stored int8 per output channel.
+  lora_rank: int = 0
+  lora_alpha: float = 16.0
+  lora_targets: tuple = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+  )
+  lora_quantize_base: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

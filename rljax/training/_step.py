@@ -39,6 +39,7 @@ from rljax import objectives
 from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import Mean
+from rljax.models import _lora
 from rljax.models import grouped_completion_logprobs
 from rljax.models import load_balancing_loss
 from rljax.models import token_logprobs
@@ -224,7 +225,11 @@ def trajectory_grad_sq_norms(
       )
       return jnp.sum(logp * mask[None, None, length - width :])
 
-    return optax.tree.norm(jax.grad(total)(params), squared=True)
+    # With LoRA, the adapters' gradient only (never the frozen base's).
+    grads = jax.grad(lambda t: total(_lora.with_trainable(params, t)))(
+      _lora.trainable(params)
+    )
+    return optax.tree.norm(grads, squared=True)
 
   rows = (
     seqs.tokens_PGL.reshape(p * g, length),
@@ -373,15 +378,17 @@ def _with_router_aux(models, algorithm, spec, params, rows, algo_state, key, i):
 def _policy_grads(
   models, algorithm, spec, params, algo_state, seqs, batch, key
 ):
-  """The policy loss's summed num-gradients, denominator and metrics."""
+  """The policy loss's summed num-gradients, denominator and metrics, with
+  respect to the trainable part of `params` (`_lora.trainable`)."""
 
-  def loss(params, rows, i):
+  def loss(trained, rows, i):
     mb_seqs, mb_batch = rows
+    full = _lora.with_trainable(params, trained)
     if spec.router_aux_coef:
       return _with_router_aux(
-        models, algorithm, spec, params, rows, algo_state, key, i
+        models, algorithm, spec, full, rows, algo_state, key, i
       )
-    logp, entropy = _policy_logprobs(models, spec, params, mb_seqs)
+    logp, entropy = _policy_logprobs(models, spec, full, mb_seqs)
     return algorithm.loss(
       logp,
       mb_batch,
@@ -390,7 +397,9 @@ def _policy_grads(
       key=jax.random.fold_in(key, i),
     )
 
-  return _accumulated_grads(loss, params, (seqs, batch), spec.microbatches)
+  return _accumulated_grads(
+    loss, _lora.trainable(params), (seqs, batch), spec.microbatches
+  )
 
 
 def _measured(models, algorithm, spec, params, algo_state, seqs, batch, key):
@@ -498,21 +507,22 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
   )
   grads = _scale(grads, den)
   metrics = dict(metrics, grad_norm=Mean(optax.tree.norm(grads), 1.0))
-  updates, opt_state = models.optimizer.update(
-    grads, policy.opt_state, policy.params
-  )
+  trained = _lora.trainable(policy.params)
+  updates, opt_state = models.optimizer.update(grads, policy.opt_state, trained)
   if algorithm.transform.step_scale is not None:
     scale = algorithm.step_scale(policy.algo_state)
     updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)
     metrics["step_scale"] = Mean(scale, jnp.float32(1.0))
   stepped = policy._replace(
-    params=optax.apply_updates(policy.params, updates),
+    params=_lora.with_trainable(
+      policy.params, optax.apply_updates(trained, updates)
+    ),
     opt_state=opt_state,
     step=policy.step + 1,
   )
   loss_ok = all_finite(metrics["loss"].value) if "loss" in metrics else True
   grads_ok = all_finite(grads)
-  params_ok = all_finite(stepped.params)
+  params_ok = all_finite(_lora.trainable(stepped.params))
   ok = jnp.logical_and(jnp.logical_and(loss_ok, grads_ok), params_ok)
   policy = _keep_if(ok, stepped, state.policy)
   metrics.update(

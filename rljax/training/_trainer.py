@@ -55,6 +55,7 @@ from rljax._src.base import Batch
 from rljax._src.base import finalize
 from rljax._src.errors import NonFiniteError
 from rljax._src.errors import UserError
+from rljax.models import _lora
 from rljax.training import _build
 from rljax.training import _groups
 from rljax.training import _hosts
@@ -405,6 +406,10 @@ class Trainer:
     self.warm_start_losses = []
     if not resuming:
       self._warm(model)
+    # LoRA adapters go onto the (warm-started) base; the policy's structure
+    # then includes them.
+    model = _build.adapt(model, c.model)
+    self.models = self.models._replace(policy=nnx.graphdef(model))
     self.state, self.shardings = _build.init_state(
       model,
       reference=self.needs["ref_logp_PGT"] or "reference" in rescored,
@@ -912,7 +917,10 @@ class Trainer:
       )
       weights = {
         "policy": (models.policy, state.policy.params),
-        "reference": (models.policy, state.reference),
+        "reference": (
+          models.policy,
+          _lora.with_trainable(state.policy.params, state.reference),
+        ),
         "teacher": (teacher_graph, teacher),
       }
       # The stages' own passes (`rljax.Rescore`), into Batch.extra.
@@ -933,7 +941,8 @@ class Trainer:
         if old_needed:
           out["old_logp_PGT"] = old
       if needs["ref_logp_PGT"]:
-        out["ref_logp_PGT"] = logp(nnx.merge(models.policy, state.reference))[0]
+        ref = _lora.with_trainable(state.policy.params, state.reference)
+        out["ref_logp_PGT"] = logp(nnx.merge(models.policy, ref))[0]
       if needs["old_values_PGT"]:
         critic = nnx.merge(models.value, state.value.params)
         out["old_values_PGT"] = completion_values(critic, seqs, width)
@@ -981,11 +990,18 @@ class Trainer:
     self._last = scored
     return out
 
+  def reference_params(self):
+    """The reference policy's whole `nnx.State` (with LoRA: the policy's
+    frozen base with the reference's adapters, zero unless reset)."""
+    return _lora.with_trainable(self.state.policy.params, self.state.reference)
+
   def _reset_reference(self) -> None:
     """The reference policy becomes a copy of the current one
     (``train.reference_resets``); part of the state, so checkpointed."""
     self.state = self.state._replace(
-      reference=jax.tree.map(jnp.copy, self.state.policy.params)
+      reference=jax.tree.map(
+        jnp.copy, _lora.trainable(self.state.policy.params)
+      )
     )
 
   def _check_finite(self, step: int, metrics: dict[str, float]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from rljax import selection
 from rljax._src.errors import UserError
+from rljax.models import LORA_TARGETS
 from rljax.training._config import KINDS
 from rljax.training._config import AlgorithmSpec
 from rljax.training._config import RunConfig
@@ -99,6 +100,7 @@ def _model(m, section: str = "model") -> None:
       m.logprob_schedule,
       f"must be one of {_SCHEDULES}",
     )
+  _lora(m, section)
   if m.keep_layers is not None:
     _int(f"{section}.keep_layers", m.keep_layers, 1, "None keeps every layer.")
     if m.source == "scratch":
@@ -108,6 +110,35 @@ def _model(m, section: str = "model") -> None:
         f"truncates a checkpoint, but {section}.source='scratch'",
         f"Set {section}.num_layers for a scratch model.",
       )
+
+
+def _lora(m, section: str) -> None:
+  _int(f"{section}.lora_rank", m.lora_rank, 0, "0 trains every weight.")
+  if not m.lora_rank:
+    if m.lora_quantize_base:
+      _fail(
+        f"{section}.lora_quantize_base",
+        True,
+        "quantizes a frozen base, and only LoRA freezes it",
+        f"Set {section}.lora_rank > 0 (QLoRA) or lora_quantize_base=False.",
+      )
+    return
+  _positive(f"{section}.lora_alpha", m.lora_alpha)
+  names = LORA_TARGETS
+  targets = m.lora_targets
+  if (
+    not isinstance(targets, (tuple, list))
+    or not targets
+    or any(t not in names for t in targets)
+  ):
+    _fail(f"{section}.lora_targets", targets, f"must be a subset of {names}")
+  if section == "teacher":
+    _fail(
+      "teacher.lora_rank",
+      m.lora_rank,
+      "adapts a trained policy, and the teacher is frozen",
+      "Set teacher.lora_rank=0.",
+    )
 
 
 def _task(t) -> None:

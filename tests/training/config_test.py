@@ -76,6 +76,7 @@ MECHANISM_CONFIGS = {
   "arpo": "episode_grpo",
   "sft_grpo": "grpo",  # RL from the SFT run's model
   "opd": "opd_grpo",
+  "grpo_lora": "grpo",  # LoRA adapters on SmolLM2
 }
 # Post-training runs (`rljax.posttrain`): their kind and objective.
 POSTTRAIN_CONFIGS = {

@@ -24,6 +24,7 @@ PRESETS = sorted(
   if p.stem
   not in (
     "smollm2_grpo",
+    "grpo_lora",
     "agent_python",
     "sft_grpo",
     "dpo",
