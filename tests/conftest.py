@@ -10,3 +10,25 @@ import jax  # noqa: E402
 
 # A [B] vs [B, T] broadcast is almost always a bug; make it an error.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import pytest  # noqa: E402
+
+# Parametrized cases that run only with `-m slow` (default-run time); their
+# other cases stay in the default run.
+SLOW_CASES = {
+  "tests/parity/gemma_test.py::test_greedy_generation_matches_transformers[gemma]",
+  "tests/parity/gemma_test.py::test_greedy_generation_matches_transformers[gemma3_capped]",
+  "tests/models/gemma_test.py::test_windowed_cache_equals_full_cache_and_forward[layer_types1-5-2]",
+  "tests/training/step_test.py::test_measured_statistics_are_the_whole_minibatch[2-mesh_sizes2]",
+  "tests/training/step_test.py::test_measured_statistics_are_the_whole_minibatch[1-mesh_sizes1]",
+  "tests/training/step_test.py::test_microbatches_give_the_whole_minibatch_gradient[ppo]",
+  "tests/posttrain/runs_test.py::test_cli_dry_runs_each_kind[distill]",
+  "tests/posttrain/runs_test.py::test_cli_dry_runs_each_kind[preference]",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+  for item in items:
+    if item.nodeid in SLOW_CASES:
+      item.add_marker(pytest.mark.slow)

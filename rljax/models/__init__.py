@@ -1,5 +1,5 @@
-"""Decoder-only transformers (Llama, Qwen2, Qwen3, Gemma 1-3 families) in
-Flax NNX."""
+"""Decoder-only transformers in Flax NNX: Llama, Qwen2, Qwen3, Gemma 1-3,
+the Qwen3-MoE and Mixtral mixtures of experts, and LoRA / QLoRA adapters."""
 
 from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig

@@ -1,5 +1,5 @@
 """Architecture hyperparameters of the decoder family (Llama, Qwen2, Qwen3,
-Gemma 1-3)."""
+Gemma 1-3, Qwen3-MoE, Mixtral)."""
 
 import dataclasses
 from typing import Optional

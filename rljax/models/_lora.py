@@ -72,6 +72,14 @@ def _check_targets(layers, targets) -> tuple[str, ...]:
       f"LoRA targets {targets!r}: each must be one of {tuple(PROJECTIONS)}"
       " (the decoder's projections), and at least one is needed."
     )
+  missing = [t for t in targets if not hasattr(layers, t)]
+  if missing:
+    raise ValueError(
+      f"LoRA targets {missing!r}: this model has no such projection (a"
+      " mixture of experts has no dense gate/up/down_proj: its experts take"
+      " no adapters); target the attention projections, e.g."
+      " ('q_proj', 'k_proj', 'v_proj', 'o_proj')."
+    )
   for t in targets:
     if hasattr(layers, f"{t}_lora_a"):
       raise ValueError(f"{t} already has a LoRA adapter.")
@@ -223,9 +231,11 @@ def _delta_weight(layers, name) -> jax.Array:
   """[L, *in, *out] alpha / r * A B (float32)."""
   a = getattr(layers, f"{name}_lora_a")[...].astype(jnp.float32)
   b = getattr(layers, f"{name}_lora_b")[...].astype(jnp.float32)
-  ab = jnp.tensordot(a, b, axes=[[a.ndim - 1], [1]])  # [L, *in, L, *out]
-  ab = jnp.diagonal(ab, axis1=0, axis2=a.ndim - 1)  # [*in, *out, L]
-  ab = jnp.moveaxis(ab, -1, 0)
+  n, r = a.shape[0], a.shape[-1]
+  # One [in, r] x [r, out] product per layer (batched over L).
+  ab = jnp.einsum(
+    "lir,lro->lio", a.reshape(n, -1, r), b.reshape(n, r, -1)
+  ).reshape(a.shape[:-1] + b.shape[2:])
   scale = layers.lora_scale[...].reshape((-1,) + (1,) * (ab.ndim - 1))
   return ab * scale
 

@@ -574,7 +574,8 @@ def _check_auto_mesh(tokens: jax.Array) -> None:
 
 
 class Transformer(nnx.Module):
-  """Decoder-only LM (Llama / Qwen2 / Qwen3 / Gemma 1-3 families)."""
+  """Decoder-only LM (Llama / Qwen2 / Qwen3 / Gemma 1-3, and Qwen3-MoE /
+  Mixtral mixtures of experts)."""
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config

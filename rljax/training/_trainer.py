@@ -358,6 +358,14 @@ class Trainer:
         " weights off their float32 master copies. Use master_weights=False"
         " (with model.param_dtype='float32') for this algorithm."
       )
+    if model.config.num_experts and c.sampler.engine != "static":
+      logging.getLogger("rljax").warning(
+        "A mixture-of-experts policy with sampler.engine=%r: the rollout"
+        " engine does not record routing yet, so the update routes tokens"
+        " afresh (no routing replay). sampler.engine='static' records each"
+        " token's experts and the update replays them.",
+        c.sampler.engine,
+      )
     opt = _build.optimizer(c.optim)
     self.models = Models(
       policy=nnx.graphdef(model),

@@ -160,6 +160,7 @@ def test_the_agent_data_layout(model, tokenizer):
   assert np.all(x["tool_calls_PG"] == 0)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_overlapped_and_serial_steps_give_the_same_episodes(model, tokenizer):
   a = _run(model, tokenizer, overlap=True)
   b = _run(model, tokenizer, overlap=False)
@@ -196,6 +197,7 @@ class Slow(Counter):
     return super().step(action)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_a_failing_or_slow_step_ends_its_episode_not_the_run(model, tokenizer):
   out = _run(model, tokenizer, env=Broken)
   assert out.stats["env_errors"] == 4
@@ -218,6 +220,7 @@ def test_the_context_budget_truncates_episodes_cleanly(model, tokenizer):
   assert np.all(loss == 1)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_steps_overlap_with_decoding(model, tokenizer):
   # Each step sleeps 0.3 s; four episodes of three turns run their steps
   # concurrently, well under the 12 x 0.3 s that serial steps take.
@@ -238,6 +241,7 @@ def test_steps_overlap_with_decoding(model, tokenizer):
   assert out.stats["env_seconds"] < 12 * 0.3
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_trainer_trains_on_an_environment(tmp_path):
   task = tasks.get("arithmetic")
   task = tasks.Task(
@@ -381,6 +385,7 @@ def test_probe_points_fork_inside_the_next_action(model, tokenizer):
   assert x["node_ids_PG"][0, 0, 1] != x["node_ids_PG"][0, 1, 1]
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_infopo_counterfactual_pass_reaches_the_batch(model, tokenizer):
   from rljax import rollouts
   from rljax import transforms

@@ -11,6 +11,7 @@ from rljax import checkpoints
 from rljax import sampling
 from rljax import testing
 from rljax.models import ModelConfig
+from rljax.models import Transformer
 from rljax.models import _lora
 from rljax.models import add_lora
 from rljax.models import merge_lora
@@ -199,3 +200,22 @@ def test_trainable_part_and_reference_helpers():
   plain = nnx.state(testing.random_model(_config()))
   assert _lora.trainable(plain) is plain  # full fine-tuning: everything
   assert _lora.with_trainable(plain, plain) is plain
+
+
+def test_mixture_of_experts_targets_name_the_attention_projections():
+  config = ModelConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    num_experts=4,
+    experts_per_token=2,
+    expert_intermediate_size=8,
+  )
+  # Abstract (nothing computed): the targets are checked first.
+  model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  with pytest.raises(ValueError, match="no dense gate/up/down_proj"):
+    add_lora(model, rank=2, alpha=4.0, targets=_lora.LORA_TARGETS)

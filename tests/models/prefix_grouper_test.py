@@ -258,6 +258,7 @@ def test_gradients_equal_the_normal_path_float32():
   assert all(np.abs(np.asarray(g)).max() > 1e-4 for g in jax.tree.leaves(grads))
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_gradients_equal_the_normal_path_bfloat16():
   # bfloat16 compute (8-bit mantissa): the two paths round differently
   # (the prompt's gradient is summed over G in another order), so the

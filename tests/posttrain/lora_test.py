@@ -25,6 +25,7 @@ def _lora(config, rank=2):
   return dataclasses.replace(config, model=model)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_sft_with_lora_trains_adapters_and_exports_merged_and_peft(tmp_path):
   run = posttrain.SFTRun(_lora(_config(tmp_path)), resume=False)
   base = nnx.filter_state(run.state.policy.params, nnx.Not(nnx.LoRAParam))

@@ -59,6 +59,7 @@ def _params(run):
   return [np.asarray(x) for x in jax.tree.leaves(run.state.policy.params)]
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_packing_and_sharding_change_the_cost_not_the_update(tmp_path):
   packed = posttrain.SFTRun(_config(tmp_path))
   padded_config = _config(tmp_path / "b")
@@ -85,6 +86,7 @@ def test_packing_and_sharding_change_the_cost_not_the_update(tmp_path):
     np.testing.assert_allclose(x, y, rtol=2e-4, atol=2e-6)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_sft_learns_and_resumes_exactly(tmp_path):
   config = _config(tmp_path)
   config = dataclasses.replace(
@@ -158,6 +160,7 @@ def test_each_paired_loss_trains(tmp_path, loss):
   assert np.isfinite(metrics["loss"]) and metrics["pairs"] == 16
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_kto_on_unbalanced_unpaired_records(tmp_path):
   records = [
     {"prompt": r["prompt"], "completion": r[key], "label": key == "chosen"}
@@ -174,6 +177,7 @@ def test_kto_on_unbalanced_unpaired_records(tmp_path):
   assert np.isfinite(metrics["loss"]) and metrics["kl_reference_point"] >= 0
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_online_dpo_samples_and_pairs(tmp_path):
   config = _config(
     tmp_path,
@@ -277,6 +281,7 @@ def _twin(config, seed=0):
   return _build.build_policy(config.model, task.alphabet, seed)[0]
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_gkd_is_zero_at_teacher_equal_student_and_samples(tmp_path):
   config = _config(
     tmp_path,
@@ -297,6 +302,7 @@ def test_gkd_is_zero_at_teacher_equal_student_and_samples(tmp_path):
   assert out["on_policy"] == 1.0 and out["loss"] > 0.0
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_tgdpo_reads_the_teacher_as_its_token_reward_model(tmp_path):
   config = _config(
     tmp_path, kind="preference", algorithm=AlgorithmSpec("tgdpo")
@@ -310,6 +316,7 @@ def test_tgdpo_reads_the_teacher_as_its_token_reward_model(tmp_path):
   assert out["loss"] == pytest.approx(np.log(2.0), abs=1e-4)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_apo_extrapolates_at_a_reference_reset(tmp_path):
   config = _config(
     tmp_path,

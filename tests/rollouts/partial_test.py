@@ -127,6 +127,7 @@ def test_in_flight_one_is_plain_sampling(model):
   assert len(out.state["ids"]) == 0
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_max_lag_restarts_stale_groups(model):
   strategy = rollouts.PartialRollouts(segment=1, in_flight=2, max_lag=1)
   strategy = strategy.prepare(_task())

@@ -118,6 +118,7 @@ def test_a_tail_of_few_sequences_runs_on_fewer_rows(model):
   assert done[-1].completion == seq.completion
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_sampled_rollout_is_deterministic_and_independent_of_slots(model):
   def run(**kwargs):
     engine = _engine(model, top_k=20, **kwargs)
@@ -355,6 +356,7 @@ def test_per_token_temperature(model):
     np.testing.assert_allclose(seq.full_logp[i], tf, atol=1e-4)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_a_temperature_per_sample(model):
   # Samples of one prompt at their own temperatures: each sample's tokens
   # and log-probs are those of a lone request at its temperature.
@@ -468,6 +470,7 @@ def test_bad_requests_raise(model):
     engine.extend(seq, [3], max_new_tokens=2)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_idle_kept_sequences_give_their_pages_to_waiting_ones(model):
   # A kept sequence waiting to be extended (an agent's tool call) holds 11
   # of 13 pages; the next sequence takes them, and the kept one, extended

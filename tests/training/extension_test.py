@@ -73,6 +73,7 @@ def _contains_seven(samples):
   return np.array([float("7" in text) for text in samples.texts])
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_parts_built_in_code_and_the_fields_they_fill(tmp_path):
   config = _config("grpo", tmp_path)
   task = rljax.tasks.get("arithmetic", **config.task.kwargs)

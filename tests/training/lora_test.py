@@ -106,6 +106,7 @@ def test_resume_with_lora_equals_a_straight_run(tmp_path):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_qlora_trains_on_an_int8_base(tmp_path):
   trainer = Trainer(_config(tmp_path, "model.lora_quantize_base=True"))
   layers = trainer.state.policy.params["layers"]

@@ -88,6 +88,7 @@ def test_update_without_params_is_a_clear_error():
     opt.update(params, opt.init(params))
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_bfloat16_run_with_master_weights_and_the_dry_run_bytes(tmp_path):
   def config(directory, *extra):
     return testing.tiny_run_config(

@@ -131,6 +131,7 @@ def test_the_defaults_and_every_config_validate():
     validate(testing.tiny_run_config(path, "/tmp/unused"))
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_the_cli_prints_a_user_error_in_one_line(tmp_path):
   proc = _cli(tmp_path, "optim.grad_clip=0.0", "train.warm_start_steps=100000")
   _one_line_error(proc, "optim.grad_clip=0.0", "must be > 0", "1.0")
@@ -220,6 +221,7 @@ def test_a_killed_run_leaves_no_stale_lock(tmp_path):
 # --- 3: non-finite updates are never applied nor checkpointed ---------------
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_a_nonfinite_update_stops_the_run_naming_the_cause(tmp_path):
   # A learning rate beyond float32 makes every parameter infinite.
   proc = _cli(
@@ -277,6 +279,7 @@ def test_a_nonfinite_state_is_never_checkpointed(tmp_path):
 # --- 5 and 10: resume the same run, once ------------------------------------
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_resume_refuses_another_config_unless_allowed(tmp_path):
   common = ("train.steps=2", "output.checkpoint_every=1")
   Trainer(_config(tmp_path, *common)).run()
@@ -295,6 +298,7 @@ def test_resume_refuses_another_config_unless_allowed(tmp_path):
   assert Trainer(reseeded, allow_changes=["train.*"]).start_step == 2
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_resume_skips_the_warm_start_and_repeated_log_records(tmp_path):
   common = (
     "train.steps=3",

@@ -76,6 +76,7 @@ def test_bad_reference_resets_name_the_field(tmp_path, item, match):
     Trainer(_config("grpo", tmp_path, item))
 
 
+@pytest.mark.slow  # default-run time; run with -m slow
 def test_reference_resets_copy_the_policy_at_their_steps(tmp_path):
   config = _config(
     "grpo",
