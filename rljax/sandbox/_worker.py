@@ -1,12 +1,14 @@
 """The sandbox worker process, and the framing both sides of its pipes use.
 
-Run as a script (``python -I _worker.py READ_FD WRITE_FD``) it imports only
-the standard library until its settings arrive, enters a new network
-namespace, imports the preload modules, runs the initializer, drops to an
-unprivileged uid (no_new_privs), sets its resource limits and then serves
-batches of calls:
-each call in a fresh fork (`fresh_process`) or in the worker itself, with the
-audit hook installed before any untrusted input is touched.
+Run as a script (``python -I _worker.py READ_FD WRITE_FD``), normally under
+bubblewrap's namespaces (`_jail`), it imports only the standard library until
+its settings arrive, imports the preload modules, runs the initializer, sets
+its resource limits and then serves batches of calls: each call in a fresh
+fork (`fresh_process`) or in the worker itself. Before any untrusted input
+is touched, the call's process restricts itself with Landlock
+(`_landlock`), the seccomp allow-list (`_seccomp`) and the audit hook.
+Outside a jail (`allow_weaker`), the worker first enters a new network
+namespace and, as root, drops to uid 65534.
 
 Frames are an 8-byte big-endian length and a payload. Payloads from the
 parent are pickles (trusted); payloads to the parent start with a status
@@ -15,6 +17,7 @@ byte, and the parent unpickles only plain data from them.
 
 import ctypes
 import importlib
+import importlib.util
 import os
 import pathlib
 import pickle
@@ -96,21 +99,23 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _PROC_ENTRY = re.compile(r"/proc/([0-9]+)(?:/|$)")
 _PATH_TYPES = (str, bytes, pathlib.PurePosixPath, pathlib.PosixPath)
 
-# The no_exec layer: a seccomp filter in each call's process refusing execve
-# and fork-like clone (new threads, clone with CLONE_THREAD, stay allowed).
-# `_posixsubprocess.fork_exec` (multiprocessing's spawn) raises no audit
-# event, and as root neither RLIMIT_NPROC nor the uid drop applies.
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
-_CLONE_THREAD = 0x00010000
-_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-# Syscall numbers: execve, execveat, fork, vfork (refused), clone3 (refused
-# as ENOSYS: its flags are in memory a filter cannot read, and glibc then
-# falls back to clone), clone (refused unless CLONE_THREAD).
-_SYSCALLS = {
-  "x86_64": ((59, 322, 57, 58), 435, 56),
-  "aarch64": ((221, 281), 435, 220),
-}
+
+
+def _sibling(name: str):
+  """A standard-library-only module of this folder, loaded by its path.
+
+  The worker runs as a script and may not import rljax (its package
+  imports much more than the sandbox needs).
+  """
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+  spec = importlib.util.spec_from_file_location(f"_rljax_sandbox{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_seccomp = _sibling("_seccomp")
+_landlock = _sibling("_landlock")
 
 
 class ParentGone(Exception):
@@ -207,12 +212,16 @@ def main(argv: list[str]) -> int:
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   try:
     settings = pickle.loads(read_frame(read_fd, MAX_MESSAGE))
-    layers = {"network": _unshare_network(settings)}
+    if settings["jail"]:
+      layers = _jailed()
+    else:
+      layers = {"network": _unshare_network(settings)}
     _prepare(settings)
-    layers.update(_drop_privileges(settings))
+    if not settings["jail"]:
+      layers.update(_drop_privileges(settings))
     layers.update(_set_limits(settings))
     if settings["fresh_process"]:
-      layers["no_exec"] = settings["no_exec"] = _probe_no_exec()
+      layers.update(_probe_call_layers(settings))
     else:
       _pdeathsig()
       layers.update(_enter_call(settings, persistent=True))
@@ -222,6 +231,21 @@ def main(argv: list[str]) -> int:
   write_frame(write_fd, READY + pickle.dumps(layers))
   _serve(read_fd, write_fd, settings)
   return 0
+
+
+def _jailed() -> dict[str, str]:
+  """The layers bubblewrap set up, as this process sees them."""
+  with open("/proc/self/uid_map") as f:
+    identity = f.read().split() == ["0", "0", "4294967295"]
+  with open("/proc/self/status") as f:
+    caps = [line.split()[1] for line in f if line.startswith("CapEff:")]
+  return {
+    "namespaces": "no user namespace" if identity else "",
+    "network": "",
+    "unprivileged_uid": "running as uid 0" if os.getuid() == 0 else "",
+    "no_capabilities": "" if caps == ["0000000000000000"] else "has some",
+    "no_new_privs": _libc_call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
+  }
 
 
 def _unshare_network(settings) -> str:
@@ -240,7 +264,6 @@ def _drop_privileges(settings) -> dict[str, str]:
     if settings["drop_privileges"]:
       layers["unprivileged_uid"] = _become_nobody(settings["scratch"])
   layers["no_new_privs"] = _libc_call("prctl", _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-  layers["process_limit"] = "" if os.getuid() != 0 else "running as root"
   return layers
 
 
@@ -322,93 +345,78 @@ def _set_limits(settings) -> dict[str, str]:
 
 
 def _enter_call(settings, persistent: bool) -> dict[str, str]:
-  """Limits for running untrusted input, then the audit hook."""
-  layers = {"process_limit": "running as root"}
-  if os.getuid() != 0:
-    try:
-      resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-      layers["process_limit"] = ""
-    except (OSError, ValueError) as e:
-      layers["process_limit"] = describe(e).decode()
+  """Limits for running untrusted input: CPU, Landlock, seccomp, the hook."""
   if not persistent:
     cpu = settings["call_cpu_seconds"]
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     new_hard = cpu + 1 if hard == resource.RLIM_INFINITY else min(cpu + 1, hard)
     resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, new_hard), new_hard))
-  layers["no_exec"] = _install_no_exec()
-  if layers["no_exec"] and settings.get("no_exec") == "":
-    raise OSError(f"the seccomp filter failed here: {layers['no_exec']}")
+  layers = _kernel_layers(settings)
+  for name in ("landlock", "seccomp"):
+    if layers[name] and settings.get(name) == "":  # it worked in the probe
+      raise OSError(f"the {name} layer failed here: {layers[name]}")
+  if layers["seccomp"]:  # then RLIMIT_NPROC 0 is what stops fork
+    layers["process_limit"] = _process_limit()
   install_hook(settings["scratch"], allow_cpu_limit=persistent)
   layers["audit_hook"] = ""
   return layers
 
 
-def _no_exec_filter(machine: str) -> bytes | None:
-  """The no_exec seccomp BPF program for `machine`; None if not known."""
-  if machine not in _SYSCALLS:
-    return None
-  refused, clone3, clone = _SYSCALLS[machine]
-  ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-  allow, deny, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
-  # (code, jump if true, jump if false, k); jumps name a label or "next".
-  body = [
-    (ld, None, None, 4),  # seccomp_data.arch
-    (jeq, "next", "enosys", _AUDIT_ARCH[machine]),
-    (ld, None, None, 0),  # seccomp_data.nr
-    (jge, "enosys", "next", 0x40000000),  # x32 syscalls on x86_64
-    *[(jeq, "deny", "next", nr) for nr in refused],
-    (jeq, "enosys", "next", clone3),
-    (jeq, "next", "allow", clone),
-    (ld, None, None, 16),  # the low 32 bits of clone's flags
-    (jset, "allow", "deny", _CLONE_THREAD),
-  ]
-  labels = {"allow": len(body), "deny": len(body) + 1, "enosys": len(body) + 2}
-  program = []
-  for i, (code, true, false, k) in enumerate(body):
-    jt, jf = (
-      0 if t in (None, "next") else labels[t] - i - 1 for t in (true, false)
-    )
-    program.append(struct.pack("=HBBI", code, jt, jf, k))
-  program += [struct.pack("=HBBI", ret, 0, 0, k) for k in (allow, deny, enosys)]
-  return b"".join(program)
-
-
-def _install_no_exec() -> str:
-  """Install the no_exec filter in this process; "" or why not."""
-  machine = os.uname().machine
-  program = _no_exec_filter(machine)
-  if program is None:
-    return f"no seccomp filter for {machine}"
-
-  class Program(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-  code = ctypes.create_string_buffer(program, len(program))
-  fprog = Program(len(program) // 8, ctypes.addressof(code))
+def _process_limit() -> str:
+  """RLIMIT_NPROC 0 (no fork, no threads either); "" or why not."""
+  if os.getuid() == 0:
+    return "running as root"
   try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    status = libc.prctl(
-      _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0
-    )
-  except (OSError, AttributeError) as e:
-    return f"prctl unavailable: {e}"
-  return "" if status == 0 else f"seccomp: {os.strerror(ctypes.get_errno())}"
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+  except (OSError, ValueError) as e:
+    return describe(e).decode()
+  return ""
 
 
-def _probe_no_exec() -> str:
-  """Whether a call's process can install the no_exec filter; "" or why not."""
+def _kernel_layers(settings) -> dict[str, str]:
+  """Landlock then the seccomp allow-list in this process; {layer: why not}."""
+  layers = {
+    "landlock": _landlock.restrict(_read_roots(settings), [settings["scratch"]])
+  }
+  if _seccomp.supported():
+    layers["seccomp"] = _seccomp.install(_seccomp.allow_list(os.getpid()))
+  else:
+    layers["seccomp"] = f"no seccomp table for {os.uname().machine}"
+  return layers
+
+
+def _read_roots(settings) -> list[str]:
+  """What a call may read: the jail's whole view, or (outside one) the
+  interpreter, the import path, the scratch directory and its own /proc."""
+  if settings["jail"]:
+    return ["/"]
+  devices = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"]
+  own = [f"/proc/{os.getpid()}", "/sys/devices/system/cpu", "/etc/localtime"]
+  return list(settings["read_roots"]) + devices + own
+
+
+def _probe_call_layers(settings) -> dict[str, str]:
+  """Landlock and seccomp as a call's process gets them; {layer: why not}."""
   read_end, write_end = os.pipe()
   pid = os.fork()
   if pid == 0:
     try:
-      os.write(write_end, _install_no_exec().encode()[:_MAX_TEXT] or b"-")
+      why = _kernel_layers(settings)
+      if why["seccomp"]:
+        why["process_limit"] = "running as root" if os.getuid() == 0 else ""
+      os.write(write_end, pickle.dumps(why))
     finally:
       os._exit(0)
   os.close(write_end)
-  why = os.read(read_end, _MAX_TEXT + 1).decode("utf-8", "replace")
-  os.close(read_end)
+  with os.fdopen(read_end, "rb") as f:
+    data = f.read()
   os.waitpid(pid, 0)
-  return "" if why == "-" else why or "the probe failed"
+  try:
+    layers = pickle.loads(data)
+  except Exception:  # the probe died: neither layer is known to work
+    layers = {"landlock": "the probe failed", "seccomp": "the probe failed"}
+  settings.update(landlock=layers["landlock"], seccomp=layers["seccomp"])
+  return layers
 
 
 def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
@@ -418,6 +426,12 @@ def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
   they hold the host's environment) and os.open of directories (a
   directory fd would let dir_fd= paths escape the path checks).
 
+  Defence in depth only: code running in the same interpreter can undo a
+  hook's rules, so the boundary is the kernel's (namespaces, Landlock,
+  seccomp). The rules are copied into the hook's closure, and paths are
+  checked as exact `str` copies (a `str` subclass cannot answer the checks
+  differently from what the system call sees).
+
   Args:
     scratch: the only directory under which files may be written, created,
       renamed or removed.
@@ -425,24 +439,26 @@ def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
       persistent worker re-arms it before each call).
   """
   root = os.path.realpath(scratch)
-  path_types = (str, bytes, pathlib.PurePosixPath, pathlib.PosixPath)
+  refused, prefixes = frozenset(_REFUSED), tuple(_REFUSED_PREFIXES)
+  writes, write_flags = dict(_WRITES), _WRITE_FLAGS
+  cpu_limit = resource.RLIMIT_CPU
+  realpath, exact = os.path.realpath, _exact_path
 
   def inside(path, allow_fd) -> bool:
     if type(path) is int:
       return allow_fd
-    if type(path) not in path_types and not isinstance(path, (str, bytes)):
-      return False  # a custom __fspath__ could answer differently twice
-    real = os.path.realpath(os.fsdecode(os.fspath(path)))
-    return real == root or real.startswith(root + os.sep)
+    path = exact(path)
+    if path is None:
+      return False
+    real = realpath(path)
+    return real == root or real.startswith(root + "/")
 
   def allowed(event, args) -> bool:
-    if event in _REFUSED:
-      return (
-        allow_cpu_limit
-        and event == "resource.setrlimit"
-        and args[0] == resource.RLIMIT_CPU
+    if event in refused:
+      return allow_cpu_limit and event == "resource.setrlimit" and (
+        args[0] == cpu_limit
       )
-    if event.startswith(_REFUSED_PREFIXES):
+    if event.startswith(prefixes):
       return False
     if event == "open":
       path, mode, flags = args
@@ -450,11 +466,11 @@ def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
         return False
       if mode is None and _opens_directory(path, flags):
         return False
-      writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-        isinstance(flags, int) and flags & _WRITE_FLAGS
+      writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+        isinstance(flags, int) and flags & write_flags
       )
-      return not writes or inside(path, allow_fd=True)
-    spec = _WRITES.get(event)
+      return not writing or inside(path, allow_fd=True)
+    spec = writes.get(event)
     if spec is None:
       return True
     paths, dir_fds = spec
@@ -471,14 +487,26 @@ def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
   sys.addaudithook(hook)
 
 
+def _exact_path(path) -> str | None:
+  """A path as an exact `str` the caller's object cannot change; None if not
+  a plain path (a custom __fspath__ could answer differently twice)."""
+  if isinstance(path, str):
+    return str.__getitem__(path, slice(None))  # an exact copy, methods unused
+  if isinstance(path, bytes):
+    return os.fsdecode(bytes.__getitem__(path, slice(None)))
+  if type(path) in _PATH_TYPES:
+    return str(path)
+  return None
+
+
 def _another_process(path) -> bool:
   """Whether an opened path is a /proc/<pid> entry of another process."""
   if isinstance(path, int):
     return False
-  if type(path) not in _PATH_TYPES and not isinstance(path, (str, bytes)):
-    return True  # a custom __fspath__ could answer differently twice
-  real = os.path.realpath(os.fsdecode(os.fspath(path)))
-  found = _PROC_ENTRY.match(real)
+  path = _exact_path(path)
+  if path is None:
+    return True
+  found = _PROC_ENTRY.match(os.path.realpath(path))
   return found is not None and int(found.group(1)) != os.getpid()
 
 
@@ -490,9 +518,10 @@ def _opens_directory(path, flags) -> bool:
   """
   if isinstance(flags, int) and flags & os.O_DIRECTORY:
     return True
-  if type(path) not in _PATH_TYPES and not isinstance(path, (str, bytes)):
-    return True  # a custom __fspath__ could answer differently twice
-  return os.path.isdir(path)
+  if isinstance(path, int):
+    return False
+  path = _exact_path(path)
+  return path is None or os.path.isdir(path)
 
 
 def _serve(read_fd: int, write_fd: int, settings) -> None:

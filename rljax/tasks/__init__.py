@@ -25,12 +25,14 @@ from rljax.tasks._games import SOKOBAN_ALPHABET
 from rljax.tasks._games import grid_world
 from rljax.tasks._games import sokoban
 from rljax.tasks._reasoning_gym import reasoning_gym
+from rljax.tasks._registry import PYTHON_PREFIX
 from rljax.tasks._registry import get
 
 __all__ = [
   "ARITHMETIC_ALPHABET",
   "CALCULATOR_ALPHABET",
   "GRID_WORLD_ALPHABET",
+  "PYTHON_PREFIX",
   "SOKOBAN_ALPHABET",
   "Task",
   "arithmetic",

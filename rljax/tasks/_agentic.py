@@ -18,6 +18,7 @@ def with_tools(
   call_format=None,
   max_turns: int = 4,
   system: str | None = None,
+  allow_weaker: bool = False,
 ) -> Task:
   """`task` answered over several turns with tools (`envs.ToolEnvironment`).
 
@@ -37,11 +38,15 @@ def with_tools(
     call_format: default `rljax.tools.HermesFormat()`.
     max_turns: the most actions of an episode.
     system: text before the tool instructions in the system message.
+    allow_weaker: the default Python tool may run without the kernel's
+      namespaces where this machine cannot create them.
 
   Returns:
     A `Task` named "<task>+tools" with an ``environment``.
   """
-  toolbox = toolbox or tools.Toolbox([tools.python_tool(workers=4)])
+  toolbox = toolbox or tools.Toolbox(
+    [tools.python_tool(workers=4, allow_weaker=allow_weaker)]
+  )
   call_format = call_format or tools.HermesFormat()
   instructions = call_format.instructions(toolbox.schemas())
   system = instructions if system is None else f"{system}\n\n{instructions}"

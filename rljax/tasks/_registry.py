@@ -11,7 +11,7 @@ from rljax.tasks._games import sokoban
 from rljax.tasks._reasoning_gym import reasoning_gym
 
 _REASONING_GYM = "reasoning_gym:"
-_PYTHON = "python:"  # a task answered with a sandboxed Python tool
+PYTHON_PREFIX = "python:"  # a task answered with a sandboxed Python tool
 _GAMES = {"grid_world": grid_world, "sokoban": sokoban}
 
 
@@ -20,8 +20,10 @@ def get(name: str, **kwargs: Any) -> Task:
 
   Args:
     name: "arithmetic" (`arithmetic`), "grid_world" (`grid_world`),
-      "sokoban" (`sokoban`) or "reasoning_gym:<dataset>" (`reasoning_gym`,
-      e.g. "reasoning_gym:countdown").
+      "sokoban" (`sokoban`), "reasoning_gym:<dataset>" (`reasoning_gym`,
+      e.g. "reasoning_gym:countdown") or "python:<task>" (`with_tools`:
+      <task> answered with a sandboxed Python tool; kwargs ``max_turns``
+      and ``allow_weaker`` go to `with_tools`).
     **kwargs: passed on to the task's factory.
 
   Returns:
@@ -31,9 +33,14 @@ def get(name: str, **kwargs: Any) -> Task:
     return arithmetic(**kwargs)
   if name == "calculator":  # multi-turn, with a calculator tool
     return calculator(**kwargs)
-  if name.startswith(_PYTHON) and len(name) > len(_PYTHON):
+  if name.startswith(PYTHON_PREFIX) and len(name) > len(PYTHON_PREFIX):
     max_turns = kwargs.pop("max_turns", 4)
-    return with_tools(get(name[len(_PYTHON) :], **kwargs), max_turns=max_turns)
+    allow_weaker = kwargs.pop("allow_weaker", False)
+    return with_tools(
+      get(name[len(PYTHON_PREFIX) :], **kwargs),
+      max_turns=max_turns,
+      allow_weaker=allow_weaker,
+    )
   if name in _GAMES:
     return _GAMES[name](**kwargs)
   if name.startswith(_REASONING_GYM) and len(name) > len(_REASONING_GYM):

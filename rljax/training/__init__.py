@@ -9,6 +9,7 @@ the post-training kinds (``kind="sft"``, ``"preference"``, ``"distill"``:
 from rljax.training._cli import load_config
 from rljax.training._config import AlgorithmSpec
 from rljax.training._config import DataSpec
+from rljax.training._config import SandboxSpec
 from rljax.training._config import ModelSpec
 from rljax.training._config import OptimSpec
 from rljax.training._config import OutputSpec
@@ -43,6 +44,7 @@ __all__ = [
   "PolicyState",
   "RunConfig",
   "SamplerSpec",
+  "SandboxSpec",
   "Scored",
   "Sequences",
   "TaskSpec",

@@ -13,6 +13,7 @@ import optax
 from rljax import checkpoints
 from rljax import rewards as rewards_lib
 from rljax import sharding
+from rljax import tasks
 from rljax._src.base import Algorithm
 from rljax._src.errors import UserError
 from rljax._src.examples import random_batch
@@ -28,6 +29,8 @@ from rljax.tokenizers import tokenizer_from_gguf
 from rljax.training import _precision
 from rljax.training._config import ModelSpec
 from rljax.training._config import OptimSpec
+from rljax.training._config import SandboxSpec
+from rljax.training._config import TaskSpec
 from rljax.training._step import PolicyState
 from rljax.training._step import TrainState
 from rljax.training._step import ValueState
@@ -60,6 +63,14 @@ def _scratch_config(spec: ModelSpec, vocab_size: int) -> ModelConfig:
     param_dtype=spec.param_dtype,
     scan_unroll=spec.scan_unroll,
   )
+
+
+def build_task(spec: TaskSpec, sandbox: SandboxSpec):
+  """The task; a Python-tool task ("python:<task>") gets the sandbox policy."""
+  kwargs = dict(spec.kwargs)
+  if spec.name.startswith(tasks.PYTHON_PREFIX):
+    kwargs.setdefault("allow_weaker", sandbox.allow_weaker)
+  return tasks.get(spec.name, **kwargs)
 
 
 def init_model(cls, config: ModelConfig, seed: int):

@@ -180,6 +180,19 @@ class OutputSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class SandboxSpec:
+  """How model-written code runs (`rljax.sandbox`, the Python tool).
+
+  ``allow_weaker``: where the kernel cannot give the sandbox its namespaces
+  (no user namespaces, no bwrap), run the Python tool with the in-process
+  layers only (a warning names what is missing) instead of refusing to
+  start.
+  """
+
+  allow_weaker: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class DataSpec:
   """The data of the supervised, preference and distillation runs.
 
@@ -231,6 +244,7 @@ class RunConfig:
   output: OutputSpec = OutputSpec()
   data: DataSpec = DataSpec()
   teacher: Optional[ModelSpec] = None  # a frozen model to distil
+  sandbox: SandboxSpec = SandboxSpec()
 
 
 # Sections that are None by default, made from their defaults when an

@@ -318,7 +318,7 @@ class Trainer:
     # The rows of each global batch of prompts this process handles.
     self.rows = _hosts.own_rows(self.mesh, c.train.prompts_per_step)
     self.task = task or _from_config(
-      "task", tasks.get, c.task.name, **c.task.kwargs
+      "task", _build.build_task, c.task, c.sandbox
     )
     if rewards is not None:
       self.task = dataclasses.replace(

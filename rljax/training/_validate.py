@@ -370,5 +370,7 @@ def validate(config: RunConfig) -> RunConfig:
   _data(config.data)
   if config.teacher is not None:
     _model(config.teacher, "teacher")
+  if not isinstance(config.sandbox.allow_weaker, bool):
+    _fail("sandbox.allow_weaker", config.sandbox.allow_weaker, "must be a bool")
   _kind(config)
   return config

@@ -25,7 +25,10 @@ import pytest
 
 from rljax import sandbox
 from rljax._src.errors import UserError
+from rljax.sandbox import _jail
 from rljax.sandbox import _sandbox
+
+JAILED = sandbox.kernel_isolation_error() is None
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["fresh", "shared"])
@@ -39,6 +42,16 @@ def box(request):
 @pytest.fixture(scope="module")
 def fresh():
   with sandbox.Sandbox(timeout=20) as box:
+    yield box
+
+
+@pytest.fixture(scope="module")
+def weaker():
+  """A sandbox as on a machine without user namespaces: no jail."""
+  with sandbox.Sandbox(timeout=20) as box:
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(_jail, "unavailable", lambda: "disabled by the test")
+      box.call(os.getpid)  # started without the jail
     yield box
 
 
@@ -61,12 +74,13 @@ def test_exceptions_are_outcomes_and_call_raises(box):
 
 
 def test_timeout_kills_the_call_and_the_next_call_works(box):
-  pid = box.call(os.getpid)
+  box.call(exec, "import builtins; builtins.MARK = 1")
   outcome = box.run(time.sleep, 600, timeout=0.5)
   assert outcome.status == "timeout"
   assert "0.5 s" in outcome.error
   assert box.call(operator.add, 2, 2) == 4
-  assert box.call(os.getpid) != pid  # a new process (fork or restarted)
+  # A new process (a fresh fork, or a restarted shared worker).
+  assert not box.call(eval, "hasattr(__import__('builtins'), 'MARK')")
 
 
 def test_a_timeout_in_a_batch_spares_the_other_calls(box):
@@ -121,29 +135,57 @@ def _refusals(canary, outside):
   ]
 
 
-def test_audit_hook_refuses_processes_sockets_ctypes_and_outside_writes(
-  fresh, tmp_path
+@pytest.mark.parametrize("which", ["fresh", "weaker"])
+def test_processes_sockets_ctypes_and_outside_writes_are_refused(
+  which, request, tmp_path
 ):
+  # Without the jail the audit hook refuses each (PermissionError); in the
+  # jail the host's folders do not exist and the hook sees writes to the
+  # jail's own /tmp: FileNotFoundError for those.
+  box = request.getfixturevalue(which)
   outside = tmp_path / "outside"
   outside.mkdir()
   (outside / "keep").write_text("x")
   canary = tmp_path / "canary"
   for fn, args in _refusals(canary, outside):
-    outcome = fresh.run(fn, *args)
+    outcome = box.run(fn, *args)
     assert outcome.status == "error", (fn, outcome)
-    assert "PermissionError" in outcome.error, (fn, outcome)
+    expected = ("PermissionError", "FileNotFoundError", "OperationalError")
+    if not box.layers["namespaces"]:
+      expected = ("PermissionError",)
+    assert outcome.error.startswith(expected), (fn, outcome)
   assert not canary.exists()
   assert (outside / "keep").read_text() == "x"
 
 
-def test_scratch_dir_is_writable_and_removed_on_close(tmp_path):
-  with sandbox.Sandbox(fresh_process=False) as box:
-    scratch = box.call(os.getcwd)
-    box.call(exec, "open('notes.txt', 'w').write('hi')")
-    assert box.call(os.listdir, ".") == ["notes.txt"]
-    assert box.call(os.getenv, "HOME") == scratch
-    assert os.path.isdir(scratch)
-  assert not os.path.exists(scratch)
+def test_without_the_jail_the_missing_layer_is_named(weaker):
+  assert not weaker.layers["namespaces"]
+  assert weaker.layers["audit_hook"] and weaker.layers["seccomp"]
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(_jail, "unavailable", lambda: "disabled by the test")
+    with sandbox.Sandbox(allow_weaker=False) as strict:
+      with pytest.raises(sandbox.SandboxError, match="allow_weaker=True"):
+        strict.run(operator.add, 1, 1)
+
+
+@pytest.mark.parametrize("jail", [True, False], ids=["jail", "weaker"])
+def test_scratch_dir_is_writable_and_removed_on_close(jail):
+  if jail and not JAILED:
+    pytest.skip(f"no jail here: {sandbox.kernel_isolation_error()}")
+  with pytest.MonkeyPatch.context() as patch:
+    if not jail:
+      patch.setattr(_jail, "unavailable", lambda: "disabled by the test")
+    with sandbox.Sandbox(fresh_process=False) as box:
+      scratch = box.call(os.getcwd)
+      box.call(exec, "open('notes.txt', 'w').write('hi')")
+      assert box.call(os.listdir, ".") == ["notes.txt"]
+      assert box.call(os.getenv, "HOME") == scratch
+      host_scratch = box._worker._scratch
+      if jail:  # a tmpfs of the jail's own: nothing on the host's disk
+        assert scratch == "/tmp" and host_scratch is None
+      else:
+        assert os.path.isdir(scratch) and scratch == host_scratch
+  assert host_scratch is None or not os.path.exists(host_scratch)
   with pytest.raises(sandbox.SandboxError, match="closed"):
     box.run(operator.add, 1, 1)
 
@@ -168,7 +210,15 @@ def test_layers_are_reported_and_missing_ones_warned_once(monkeypatch, caplog):
   caplog.set_level(logging.WARNING, logger="rljax.sandbox")
   with sandbox.Sandbox() as box:
     layers = box.layers
-  assert set(layers) >= {"process", "rlimits", "audit_hook", "network"}
+  assert set(layers) >= {
+    "process",
+    "namespaces",
+    "rlimits",
+    "audit_hook",
+    "network",
+    "seccomp",
+    "landlock",
+  }
   assert layers["process"] and layers["audit_hook"] and layers["rlimits"]
   missing = {name for name, active in layers.items() if not active}
   warned = {r.args[0] for r in caplog.records}
@@ -182,7 +232,7 @@ def test_layers_are_reported_and_missing_ones_warned_once(monkeypatch, caplog):
 def test_unprivileged_when_reported(fresh):
   if fresh.layers["unprivileged_uid"]:
     assert fresh.call(os.getuid) != 0
-  if fresh.layers["process_limit"]:
+  if fresh.layers.get("process_limit"):
     assert (
       fresh.run(exec, "import threading; threading.Thread().start()").status
       == "error"
@@ -242,17 +292,25 @@ _LEFT_OPEN = """
 import os
 from rljax import sandbox
 box = sandbox.Sandbox()
-print(box.call(os.getcwd))
-print(box.call(os.getppid))  # a call's parent: the worker
+box.call(os.getcwd)
+worker = box._worker
+print(worker._scratch)
+outer = worker._process.pid  # bwrap, or the worker itself without a jail
+with open(f"/proc/{outer}/task/{outer}/children") as f:
+  inner = (f.read().split() or [outer])[0]
+print(outer, os.readlink(f"/proc/{inner}/ns/pid"))
 """
 
 
-def _alive_worker(pid):
-  try:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-      return b"_worker.py" in f.read()
-  except OSError:
-    return False
+def _pids_in(namespace):
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      if os.readlink(f"/proc/{pid}/ns/pid") == namespace:
+        found.append(pid)
+    except OSError:
+      pass
+  return found
 
 
 def test_interpreter_exit_kills_the_worker_and_removes_scratch():
@@ -263,7 +321,11 @@ def test_interpreter_exit_kills_the_worker_and_removes_scratch():
     check=True,
     timeout=300,
   ).stdout.split()
-  scratch, worker = out[-2], int(out[-1])
-  assert scratch.startswith(tempfile.gettempdir())
-  assert not os.path.exists(scratch)
-  assert not _alive_worker(worker)
+  scratch, outer, namespace = out[-3], int(out[-2]), out[-1]
+  assert scratch == "None" or not os.path.exists(scratch)
+  assert not os.path.exists(f"/proc/{outer}")
+  if JAILED:  # everything in the jail's pid namespace is gone
+    deadline = time.monotonic() + 10
+    while _pids_in(namespace) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not _pids_in(namespace)
