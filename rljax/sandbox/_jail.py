@@ -128,25 +128,28 @@ def argv(bwrap: str, roots: list[str], scratch_bytes: int) -> list[str]:
       command += ["--symlink", os.readlink(folder), folder]
     elif os.path.isdir(folder):
       command += ["--ro-bind", folder, folder]
-  for path in roots:
-    command += ["--ro-bind-try", path, path]
   command += ["--proc", "/proc", "--dev", "/dev"]
   if "--size" in known:
     command += ["--size", str(scratch_bytes)]
-  command += ["--perms", "0700", "--tmpfs", SCRATCH, "--chdir", SCRATCH]
-  return command + ["--"]
+  command += ["--perms", "0700", "--tmpfs", SCRATCH]
+  for path in roots:  # after the tmpfs: a module under the host's /tmp shows
+    command += ["--ro-bind-try", path, path]
+  return command + ["--chdir", SCRATCH, "--"]
 
 
-def read_roots(preload) -> list[str]:
+def read_roots(preload, shown=()) -> list[str]:
   """What a jailed worker may read: interpreter, import path, modules.
 
   The import path's folders are shown, but not the current directory that
   "" (or a script's folder equal to it) stands for: from there only the
   modules already imported and the `preload` modules are shown, so a
-  project's outputs and files beside them stay out of view.
+  project's outputs and files beside them stay out of view. Import folders
+  and modules under the host's /tmp are left out (the jail's /tmp is its
+  scratch directory) unless preloaded or in `shown`.
 
   Args:
     preload: the module names the worker will import.
+    shown: more files or folders to show (a called function's module).
 
   Returns:
     Absolute paths, none beneath another.
@@ -159,28 +162,36 @@ def read_roots(preload) -> list[str]:
   for entry in sys.path:
     if isinstance(entry, str) and entry not in ("", cwd) and os.path.isabs(entry):
       paths.append(entry)
-  paths += _module_locations(preload)
+  paths += _imported_places()
+  paths = [p for p in paths if not p.startswith(SCRATCH + "/")]
+  paths += _preload_places(preload) + list(shown)
   library_path = os.environ.get("LD_LIBRARY_PATH", "")
   paths += [p for p in library_path.split(os.pathsep) if os.path.isabs(p)]
   paths += [os.path.realpath(p) for p in paths]
   return _outermost(p for p in paths if os.path.exists(p))
 
 
-def _module_locations(preload) -> list[str]:
-  """The folders (or files) of imported top-level modules and `preload`'s."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-
-  locations = []
+def _imported_places() -> list[str]:
+  """The folders (or files) of the imported top-level modules."""
+  places = []
   for name, module in list(sys.modules.items()):
     if "." not in name and module is not None:
-      locations += module_places(module)
+      places += module_places(module)
+  return places
+
+
+def _preload_places(preload) -> list[str]:
+  """The folders (or files) of the `preload` modules' top-level packages."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  places = []
   for name in preload:
     try:
       spec = importlib.util.find_spec(name.partition(".")[0])
     except (ImportError, ValueError):
       continue
-    locations += _location(spec)
-  return locations
+    places += _location(spec)
+  return places
 
 
 def module_places(module) -> list[str]:

@@ -178,6 +178,7 @@ class Sandbox:
     self._lock = threading.Lock()
     self._worker: _Worker | None = None
     self._layers: dict[str, str] | None = None
+    self._shown: list[str] = []  # module places added to the jail's view
     self._closed = False
 
   def __getstate__(self) -> dict[str, Any]:
@@ -283,7 +284,9 @@ class Sandbox:
     with self._lock:
       while len(outcomes) < len(calls):
         worker = self._ensure_worker()
-        if not worker.shows(fn):  # imported after the worker started
+        hidden = worker.hidden(fn)
+        if hidden:  # fn's module is out of the jail's view: show it
+          self._shown.extend(hidden)
           self._discard_worker()
           worker = self._ensure_worker()
         done = worker.run_batch(fn, calls[len(outcomes) :], timeout)
@@ -323,12 +326,12 @@ class Sandbox:
         " (sandbox.allow_weaker=True in a run config)."
       )
     try:
-      worker = _Worker(settings)
+      worker = _Worker(settings, self._shown)
     except SandboxError as e:
       if why == "" or not (settings["drop_privileges"] and os.geteuid() == 0):
         raise
       settings["drop_privileges"] = False
-      worker = _Worker(settings)
+      worker = _Worker(settings, self._shown)
       worker.layers["unprivileged_uid"] = f"the worker failed as nobody: {e}"
     if why:
       worker.layers["namespaces"] = why
@@ -346,11 +349,11 @@ class Sandbox:
 class _Worker:
   """One worker process: its pipes, scratch directory and settings."""
 
-  def __init__(self, settings: dict[str, Any]):
+  def __init__(self, settings: dict[str, Any], shown: Sequence[str] = ()):
     self.owner = os.getpid()
     self.dead = False
     self._settings = settings
-    self._roots = _jail.read_roots(settings["preload"])
+    self._roots = _jail.read_roots(settings["preload"], shown)
     command = [sys.executable, "-I", _WORKER_SCRIPT]
     if settings["jail"]:
       self._scratch, self.scratch = None, _jail.SCRATCH
@@ -391,18 +394,18 @@ class _Worker:
     )
     self.layers = self._handshake()
 
-  def shows(self, fn: Callable[..., Any]) -> bool:
-    """Whether the jail shows the module `fn` is imported from."""
+  def hidden(self, fn: Callable[..., Any]) -> list[str]:
+    """The places of `fn`'s module that the jail does not show ([] if none)."""
     if not self._settings["jail"]:
-      return True
+      return []
     module = getattr(fn, "__module__", None) or ""
     top = sys.modules.get(module.partition(".")[0])
-    places = _jail.module_places(top)
-    return all(
-      any(p == r or p.startswith(r.rstrip("/") + "/") for r in self._roots)
-      or _jail.is_system(p)
-      for p in places
-    )
+    return [
+      p
+      for p in _jail.module_places(top)
+      if not _jail.is_system(p)
+      and not any(p == r or p.startswith(r.rstrip("/") + "/") for r in self._roots)
+    ]
 
   def _handshake(self) -> dict[str, str]:
     """Send the settings; the worker's {layer: why not} once it is ready."""
