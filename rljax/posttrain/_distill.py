@@ -50,6 +50,13 @@ def gkd_objective(width: int, beta: float, temperature: float, teacher_graph):
   return objective
 
 
+_ON_POLICY_RECORDS = (
+  "on-policy GKD steps (algorithm.kwargs.lmbda > 0) sample the task's"
+  " prompts: use data.source='task' or 'online', or set"
+  " algorithm.kwargs.lmbda=0 for these records."
+)
+
+
 class DistillRun(PostTrainer):
   """GKD (``kind="distill"``, ``configs/gkd.py``; Agarwal et al., arXiv
   2306.13649): ``algorithm.name="gkd"`` with ``beta`` (the generalized
@@ -90,15 +97,22 @@ class DistillRun(PostTrainer):
       raise UserError(
         f"algorithm.kwargs.lmbda={self.lmbda}: must be in [0, 1]."
       )
+    if self.lmbda > 0 and "prompt" in self.records[0]:
+      raise UserError(_ON_POLICY_RECORDS)  # before the model is built
     super()._build(*args)
 
-  def _records(self, data, task):
+  def _record_kinds(self, config) -> tuple[str, ...]:
+    if config.data.source in ("task", "online"):
+      return ()  # the task's own examples
+    return ("prompt_completion",)
+
+  def _records(self, config, task, kinds):
     """The task's own examples for ``data.source`` "task" or "online" (the
     on-policy steps sample their prompts; the others train on their
     "demonstration" or answer), else the records it names."""
-    if data.source in ("task", "online"):
+    if config.data.source in ("task", "online"):
       return [dict(e) for e in task.train]
-    return super()._records(data, task)
+    return super()._records(config, task, kinds)
 
   def _uses_teacher(self) -> bool:
     return True
@@ -133,11 +147,7 @@ class DistillRun(PostTrainer):
 
   def _student_sequences(self, step, records) -> Sequences:
     if "prompt" in records[0]:
-      raise UserError(
-        "on-policy GKD steps (algorithm.kwargs.lmbda > 0) sample the task's"
-        " prompts: use data.source='task' or 'online', or set lmbda=0 for"
-        " these records."
-      )
+      raise UserError(_ON_POLICY_RECORDS)
     key = jax.random.fold_in(jax.random.key(self.config.train.seed), step)
     own = _hosts.own_rows(self.mesh, len(records))
     scored = self._sample(

@@ -10,6 +10,7 @@ this prompt, the mismatched pair of its KL reference point.
 """
 
 import functools
+import logging
 import time
 from typing import NamedTuple
 
@@ -180,20 +181,45 @@ class PreferenceRun(PostTrainer):
     self.loss_kwargs = kwargs
     self.online = c.data.source == "online"
     self.ref_cache: dict[int, np.ndarray] = {}
-    if not self.online:
-      kinds = {_data.record_kind(r) for r in self.records[:64]}
-      want = {"unpaired"} if self.loss_name == "kto" else {"pair"}
-      if kinds != want:
-        raise UserError(
-          f"algorithm.name={self.loss_name!r} trains on {want.pop()} records;"
-          f" data.source={c.data.source!r} holds {sorted(kinds)} records."
-        )
     if self.online and self.loss_name == "kto":
       raise UserError(
         "algorithm.name='kto' trains on labelled offline records; set"
         " data.source to them, or use a paired loss online."
       )
     super()._build(*args)
+
+  def _record_kinds(self, config) -> tuple[str, ...]:
+    if config.data.source == "online":
+      return ()  # the task's prompts, sampled each step
+    return ("unpaired",) if config.algorithm.name == "kto" else ("pair",)
+
+  def _prepare(self, records: list, config) -> list:
+    """The pairs without those whose chosen and rejected are the same text
+    (a constant loss, log 2 for DPO, and no gradient): dropped with one
+    warning, counted in each step's ``pairs_dropped_identical``."""
+    self.pairs_dropped_identical = 0
+    if self._record_kinds(config) != ("pair",):
+      return records
+    kept = [r for r in records if not identical_pair(r)]
+    dropped = self.pairs_dropped_identical = len(records) - len(kept)
+    where = f"data.source={config.data.source!r}"
+    if records and not kept:
+      raise UserError(
+        f"{where}: all {dropped} pairs have the same chosen and rejected"
+        " completion, which teaches nothing; pair each prompt with two"
+        " different completions."
+      )
+    if dropped:
+      logging.getLogger("rljax").warning(
+        "%s: dropped %d of %d pairs whose chosen and rejected completions"
+        " are the same (a constant loss and no gradient); training on the"
+        " other %d.",
+        where,
+        dropped,
+        len(records),
+        len(kept),
+      )
+    return kept
 
   def _uses_reference(self) -> bool:
     return self.config.algorithm.name in (*_REFERENCED, "kto", "tgdpo")
@@ -353,6 +379,7 @@ class PreferenceRun(PostTrainer):
       block, extra = self._online_block(step, records)
     else:
       block, extra["truncated"] = self._offline_block(ids, records)
+      extra["pairs_dropped_identical"] = float(self.pairs_dropped_identical)
     frozen, objective = self._objective()
     total, grads, metrics = self._accumulate(
       self.loss_name, objective, frozen, [block]
@@ -397,6 +424,14 @@ class PreferenceRun(PostTrainer):
   def _write_rollouts(self, writer, step: int) -> None:
     if self.online:
       super(PostTrainer, self)._write_rollouts(writer, step)
+
+
+def identical_pair(record) -> bool:
+  """Whether a pair record's chosen and rejected are the same text."""
+  text = _data.completion_text
+  return text(record["chosen"], "chosen") == text(
+    record["rejected"], "rejected"
+  )
 
 
 def sample_pairs(

@@ -13,6 +13,7 @@ rows or sharded.
 from collections.abc import Callable, Sequence
 import dataclasses
 import functools
+import os
 import pathlib
 import time
 from typing import Any, Optional
@@ -48,22 +49,42 @@ from rljax.training._validate import validate
 NO_ALGORITHM = Algorithm(chain(), aggregate.token_mean)
 
 
-def records(data, task: tasks.Task) -> list[dict]:
+def records(
+  data, task: tasks.Task, kinds: Sequence[str] = (), *, chat: bool = True
+) -> list[dict]:
   """The records ``data`` (a `DataSpec`) names; ``"online"``: the task's
-  training examples (prompts to sample from)."""
+  training examples (prompts to sample from).
+
+  With `kinds` (the record kinds the run trains on) every record is checked
+  as it is read, before any model is built: one `UserError` names how many
+  are bad and the first one's line (or number), field and fix. `chat`: the
+  run renders records with a chat template.
+  """
   source = data.source
-  if source in ("task", "online"):
-    if source == "online":
-      return [dict(e) for e in task.train]
-    return _data.task_records(task, data.split)
+  where = f"data.source={source!r}"
+  if source == "online":
+    return [dict(e) for e in task.train]
   if source.startswith("jsonl:"):
-    return _data.read_jsonl(source[len("jsonl:") :])
-  return _data.tfds_records(
-    source[len("tfds:") :],
-    split=data.split,
-    data_dir=data.data_dir,
-    fields=data.fields or None,
-  )
+    path = source[len("jsonl:") :]
+    if not os.path.isfile(path):
+      here = "" if os.path.isabs(path) else f" (from {os.getcwd()})"
+      raise UserError(
+        f"{where}: there is no file {path!r}{here}; write the records"
+        " there, one JSON object a line."
+      )
+    return _data.read_jsonl(path, kinds, chat=chat, where=where)
+  if source == "task":
+    out = _data.task_records(task, data.split)
+  else:
+    out = _data.tfds_records(
+      source[len("tfds:") :],
+      split=data.split,
+      data_dir=data.data_dir,
+      fields=data.fields or None,
+    )
+  if kinds:
+    _data.check_records(out, kinds, chat=chat, where=where)
+  return out
 
 
 def gather(tree):
@@ -99,6 +120,16 @@ def layout(prompts, completions, prompt_width: int, width: int):
   return tokens, mask, cut / max(p * g, 1)
 
 
+def _no_records(config: RunConfig, kinds: Sequence[str]) -> str:
+  """The error of a run left without records."""
+  message = f"data.source={config.data.source!r} holds no records"
+  if config.data.source.startswith("jsonl:"):
+    message += " (the file is empty)"
+  if kinds:
+    message += f"; write one record a line, e.g. {_data.EXAMPLES[kinds[0]]}"
+  return message + "."
+
+
 class PostTrainer(Trainer):
   """The base of the post-training runs (`SFTRun`, `PreferenceRun`,
   `DistillRun`); see `rljax.training.Trainer` for the arguments they share.
@@ -127,11 +158,14 @@ class PostTrainer(Trainer):
     task = task or _from_config(
       "task", tasks.get, config.task.name, **config.task.kwargs
     )
+    kinds = self._record_kinds(config)
     if records is None:
-      records = _from_config("data", self._records, config.data, task)
-    records = list(records)
+      records = _from_config("data", self._records, config, task, kinds)
+    elif kinds:
+      _data.check_records(records, kinds, chat=config.model.chat_template)
+    records = self._prepare(list(records), config)
     if not records:
-      raise UserError(f"data.source={config.data.source!r} holds no records.")
+      raise UserError(_no_records(config, kinds))
     self.records = records
     # The run's records are the "training set" the prompt sampler walks, so
     # the data position is checkpointed and a resume is exact.
@@ -139,9 +173,20 @@ class PostTrainer(Trainer):
     super().__init__(config, algorithm=NO_ALGORITHM, task=task, **kwargs)
     self._grads = {}
 
-  def _records(self, data, task: tasks.Task) -> list[dict]:
-    """The records ``config.data`` names (see `records`)."""
-    return records(data, task)
+  def _record_kinds(self, config: RunConfig) -> tuple[str, ...]:
+    """The record kinds the run trains on, the first preferred (empty: the
+    records are the task's examples, not checked)."""
+    return ()
+
+  def _records(self, config: RunConfig, task: tasks.Task, kinds) -> list:
+    """The records ``config.data`` names, checked against `kinds` (see
+    `records`)."""
+    chat = config.model.chat_template
+    return records(config.data, task, kinds, chat=chat)
+
+  def _prepare(self, records: list, config: RunConfig) -> list:
+    """The checked records the run trains on (all of them here)."""
+    return records
 
   def _needs(self) -> dict[str, bool]:
     needs = dict.fromkeys(super()._needs(), False)

@@ -64,6 +64,9 @@ class SFTRun(PostTrainer):
   KIND = "sft"
   PROGRESS_KEYS = {"loss": "loss", "eval_accuracy": "eval"}
 
+  def _record_kinds(self, config) -> tuple[str, ...]:
+    return ("prompt_completion", "chat")
+
   def encode(self, records) -> list:
     """Each record's tokens and target mask (`rljax.posttrain.Encoded`)."""
     return [

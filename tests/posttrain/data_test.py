@@ -4,6 +4,7 @@ loss mask on completion / assistant tokens only."""
 import importlib.util
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from tokenizers import models
 from tokenizers import pre_tokenizers
 
 from rljax import tasks
+from rljax._src.errors import UserError
 from rljax.posttrain import _data
 from rljax.posttrain import _encode
 from rljax.tokenizers import Tokenizer
@@ -89,11 +91,84 @@ def test_read_jsonl_skips_blank_lines(tmp_path):
 def test_read_jsonl_errors_name_file_and_line(tmp_path):
   path = tmp_path / "bad.jsonl"
   path.write_text('{"prompt": "a"}\n\n{"prompt": oops}\n')
-  with pytest.raises(ValueError, match=rf"{path}:3: not valid JSON"):
+  with pytest.raises(UserError, match=rf"{path}: line 3: not valid JSON"):
     _data.read_jsonl(path)
   path.write_text('{"prompt": "a"}\n[1, 2]\n')
-  with pytest.raises(ValueError, match=rf"{path}:2: .* JSON object"):
+  with pytest.raises(UserError, match=rf"{path}: line 2: .* not an object"):
     _data.read_jsonl(path)
+  path.write_bytes(b'{"prompt": "a"}\n{"prompt": "\xff"}\n')
+  with pytest.raises(UserError, match="line 2: not UTF-8"):
+    _data.read_jsonl(path)
+
+
+PAIR = {"prompt": "1+1=", "chosen": "2", "rejected": "3"}
+
+
+@pytest.mark.parametrize(
+  "line, message",
+  [
+    ('{"prompt": "1+1=", "chosen": "2"}', r"field 'rejected' is missing"),
+    (
+      '{"prompt": "1+1=", "chosen": 2, "rejected": "3"}',
+      r"field 'chosen' is 2 \(a JSON number\); it must be a string",
+    ),
+    ('{"prompt": 7, "chosen": "2", "rejected": "3"}', r"field 'prompt' is 7"),
+    (
+      '{"prompt": "1+1=", "completion": "2"}',
+      r"field 'chosen' is missing.* looks like a prompt_completion record",
+    ),
+    ('{"prompt": "1+1=", "chosen": "2", "rejected": "3"', "not valid JSON"),
+    ('"just a string"', "a JSON string, not an object"),
+    ("{}", r"field 'prompt' is missing: .* \(it is empty\)\."),
+  ],
+)
+def test_read_jsonl_checks_every_record(tmp_path, line, message):
+  """Each bad line is counted and the first is named, wherever it is."""
+  good = json.dumps(PAIR)
+  path = tmp_path / "pairs.jsonl"
+  path.write_text("\n".join([good] * 69 + [line] + [good] * 9 + [line]) + "\n")
+  with pytest.raises(UserError) as error:
+    _data.read_jsonl(path, ("pair",), where="data.source='jsonl:x'")
+  text = str(error.value)
+  assert re.search(rf"^data.source='jsonl:x': line 70: {message}", text), text
+  assert text.endswith(
+    "2 of 80 lines are bad, line 70 the first; fix or remove them."
+  )
+  assert "\n" not in text
+
+
+def test_record_problems_of_each_kind():
+  message = {"role": "user", "content": "hi"}
+  assert _data.record_problem(PAIR, ("pair",)) is None
+  chat = {"messages": [message, {"role": "assistant", "content": "yo"}]}
+  assert _data.record_problem(chat, ("prompt_completion", "chat")) is None
+  assert "needs model.chat_template=True" in _data.record_problem(
+    chat, ("prompt_completion", "chat"), chat=False
+  )
+  listed = {"prompt": [message], "completion": "yo"}
+  assert _data.record_problem(listed, ("prompt_completion",)) is None
+  assert "make it a string" in _data.record_problem(
+    listed, ("prompt_completion",), chat=False
+  )
+  unpaired = {"prompt": "a", "completion": "b", "label": "yes"}
+  assert "field 'label' is \"yes\"" in _data.record_problem(
+    unpaired, ("unpaired",)
+  )
+  assert "this run trains on unpaired records" in _data.record_problem(
+    PAIR, ("unpaired",)
+  )
+  bad_messages = {"messages": [{"role": "user", "content": 3}]}
+  assert "field 'messages'" in _data.record_problem(bad_messages, ("chat",))
+
+
+def test_check_records_counts_and_numbers_from_one():
+  records = [PAIR, {"prompt": "a"}, PAIR, 3]
+  with pytest.raises(
+    UserError,
+    match=r"^records: record 2: field 'chosen' is missing.* 2 of 4 records are bad",
+  ):
+    _data.check_records(records, ("pair",))
+  _data.check_records([PAIR] * 3, ("pair",))
 
 
 def test_tfds_records_from_mock_data(tmp_path):

@@ -131,10 +131,14 @@ def test_dpo_offline_caches_the_reference(tmp_path):
     kind="preference",
     algorithm=AlgorithmSpec(name="dpo", kwargs={"beta": 0.5}),
   )
-  run = posttrain.PreferenceRun(config, records=_pairs())
+  # A pair whose chosen and rejected are the same is dropped and counted.
+  same = {"prompt": "1+1=", "chosen": "2", "rejected": "2"}
+  run = posttrain.PreferenceRun(config, records=[*_pairs(), same])
+  assert run.records == _pairs()
   before = run.evaluate_pairs(_pairs(8))
   out = [run.step(s) for s in range(4)]
   assert all(np.isfinite(m["loss"]) for m in out)
+  assert all(m["pairs_dropped_identical"] == 1.0 for m in out)
   assert out[0]["loss"] == pytest.approx(np.log(2.0), abs=1e-4)
   assert len(run.ref_cache) == 32  # 4 steps x 16 pairs: every record
   ids = np.array(sorted(run.ref_cache))
