@@ -18,7 +18,15 @@ times each after a warm-up; the report gives the median overlapped /
 serial episodes/s ratio and its range, and writes
 docs/figures/agent_episodes.json.
 
+It first measures the Python tool's own costs, jailed (bubblewrap's
+namespaces, Landlock, seccomp, the audit hook) against the weaker in-process
+layers (`allow_weaker`, the jail switched off), interleaved: a worker's start
+(a new executor's first call: the jail, the interpreter, importing rljax)
+and the median of 20 calls of ``print(1)`` (a fresh fork per call). Targets:
+start <= 3 s, a call <= 20 ms.
+
 Run: python experiments/benchmarks/agent_episodes.py [--repeats 3]
+     [--sandbox_only]
 """
 
 import argparse
@@ -34,6 +42,7 @@ import numpy as np  # noqa: E402
 
 from rljax import envs  # noqa: E402
 from rljax import models  # noqa: E402
+from rljax import sandbox  # noqa: E402
 from rljax import sampling  # noqa: E402
 from rljax import testing  # noqa: E402
 from rljax import tools  # noqa: E402
@@ -59,11 +68,73 @@ class PythonSteps(envs.Environment):
     return envs.Step(observation=f"={out.strip()}=", tool_calls=1)
 
 
+def _tool_costs(jail: bool, calls: int = 20) -> tuple[float, float]:
+  """(seconds to the first result, median seconds a call) of a new tool."""
+  from rljax.sandbox import _jail  # noqa: PLC0415
+
+  real = _jail.unavailable
+  if not jail:  # as on a machine without user namespaces
+    _jail.unavailable = lambda: "switched off by the benchmark"
+  try:
+    executor = tools.PythonExecutor(allow_weaker=not jail)
+    start = time.perf_counter()
+    executor("print(1)")
+    first = time.perf_counter() - start
+  finally:
+    _jail.unavailable = real
+  seconds = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    executor("print(1)")
+    seconds.append(time.perf_counter() - start)
+  layers = executor.sandbox.layers
+  executor.close()
+  assert layers["namespaces"] is jail, layers
+  return first, float(np.median(seconds))
+
+
+def sandbox_costs(repeats: int) -> dict:
+  """The Python tool's start and call costs, jailed and weaker, interleaved."""
+  costs = {"jail": {"start": [], "call": []}, "weaker": {"start": [], "call": []}}
+  modes = ["jail", "weaker"] if sandbox.kernel_isolation_error() is None else []
+  modes = modes or ["weaker"]
+  for r in range(repeats):
+    for mode in modes if r % 2 == 0 else modes[::-1]:
+      start, call = _tool_costs(mode == "jail")
+      costs[mode]["start"].append(start)
+      costs[mode]["call"].append(call)
+      print(
+        f"sandbox {mode}: start {start:.2f} s, call {call * 1000:.1f} ms",
+        flush=True,
+      )
+  return {
+    mode: {
+      "start_s_median": float(np.median(c["start"])),
+      "start_s_range": [min(c["start"]), max(c["start"])],
+      "call_ms_median": 1000 * float(np.median(c["call"])),
+      "call_ms_range": [1000 * min(c["call"]), 1000 * max(c["call"])],
+    }
+    for mode, c in costs.items()
+    if c["start"]
+  }
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--work", type=int, default=1_500_000)
+  parser.add_argument("--sandbox_only", action="store_true")
   args = parser.parse_args()
+  print(f"load before: {os.getloadavg()}", flush=True)
+  tool_costs = sandbox_costs(max(args.repeats, 3))
+  print(json.dumps(tool_costs, indent=1))
+  if args.sandbox_only:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "agent_episodes.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report["sandbox"] = tool_costs
+    path.write_text(json.dumps(report, indent=1))
+    return
   tok = Tokenizer.from_characters("0123456789+-=ab")
   config = models.ModelConfig(
     vocab_size=tok.vocab_size,
@@ -123,6 +194,7 @@ def main():
     "ratio_range": [float(ratios.min()), float(ratios.max())],
     "same_episodes": bool(same),
     "load": os.getloadavg(),
+    "sandbox": tool_costs,
   }
   print(json.dumps(report, indent=1))
   OUT.mkdir(parents=True, exist_ok=True)

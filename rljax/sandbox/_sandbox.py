@@ -201,12 +201,13 @@ class Sandbox:
   def layers(self) -> dict[str, bool]:
     """Which isolation layers are active, {layer: active} (starts the worker).
 
-    Layers: "process" (a separate process), "scratch_dir", "minimal_env",
-    "rlimits", "audit_hook", "fresh_process" (one fork per call),
-    "network" (a new network namespace), "unprivileged_uid" (not root),
-    "process_limit" (RLIMIT_NPROC 0: no fork, no threads), "no_new_privs",
-    "no_exec" (a seccomp filter in each call's process: no execve and no
-    fork, threads allowed; x86_64 and aarch64).
+    Layers: "namespaces" (the bubblewrap jail: user, pid, mount, ipc, uts
+    namespaces, a read-only view, a private /tmp), "network" (a network
+    namespace), "unprivileged_uid", "no_capabilities" (in the jail),
+    "landlock", "seccomp" (the allow-list), "process", "scratch_dir",
+    "minimal_env", "rlimits", "no_new_privs", "audit_hook",
+    "fresh_process" (one fork per call), and "process_limit" (RLIMIT_NPROC
+    0) only where seccomp is missing. See the `rljax.sandbox` docstring.
     An unavailable one is logged once per process as a warning.
     """
     with self._lock:

@@ -58,7 +58,10 @@ ALLOWED = (
   " epoll_create1 epoll_ctl epoll_wait epoll_pwait epoll_pwait2 eventfd"
   " eventfd2 futex futex_waitv set_robust_list get_robust_list"
   " set_tid_address rseq membarrier restart_syscall wait4 waitid"
-  # time and identity
+  # time, timers signalling itself (SIGALRM time-outs), identity
+  " alarm setitimer getitimer timer_create timer_settime timer_gettime"
+  " timer_getoverrun timer_delete timerfd_create timerfd_settime"
+  " timerfd_gettime pause"
   " nanosleep clock_nanosleep clock_gettime clock_getres gettimeofday time"
   " times getrusage sysinfo uname getpid gettid getppid getuid geteuid"
   " getgid getegid getresuid getresgid getgroups getpgrp getpgid getsid"
@@ -83,7 +86,8 @@ SYSCALLS = {
     "rt_sigreturn": 15, "ioctl": 16, "pread64": 17, "pwrite64": 18,
     "readv": 19, "writev": 20, "access": 21, "pipe": 22, "select": 23,
     "sched_yield": 24, "mremap": 25, "msync": 26, "mincore": 27,
-    "madvise": 28, "dup": 32, "dup2": 33, "nanosleep": 35, "getpid": 39,
+    "madvise": 28, "dup": 32, "dup2": 33, "pause": 34, "nanosleep": 35,
+    "getitimer": 36, "alarm": 37, "setitimer": 38, "getpid": 39,
     "sendfile": 40, "socket": 41, "connect": 42, "accept": 43, "sendto": 44,
     "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "shutdown": 48, "bind": 49,
     "listen": 50, "getsockname": 51, "getpeername": 52, "socketpair": 53,
@@ -107,15 +111,18 @@ SYSCALLS = {
     "gettid": 186, "tkill": 200, "time": 201, "futex": 202,
     "sched_getaffinity": 204, "epoll_create": 213, "getdents64": 217,
     "set_tid_address": 218, "restart_syscall": 219, "fadvise64": 221,
-    "clock_gettime": 228, "clock_getres": 229, "clock_nanosleep": 230,
-    "exit_group": 231, "epoll_wait": 232, "epoll_ctl": 233, "tgkill": 234,
-    "utimes": 235, "waitid": 247, "keyctl": 250, "openat": 257,
-    "mkdirat": 258, "mknodat": 259, "futimesat": 261, "newfstatat": 262,
-    "unlinkat": 263, "renameat": 264, "linkat": 265, "symlinkat": 266,
-    "readlinkat": 267, "fchmodat": 268, "faccessat": 269, "pselect6": 270,
-    "ppoll": 271, "unshare": 272, "set_robust_list": 273,
-    "get_robust_list": 274, "splice": 275, "tee": 276, "utimensat": 280,
-    "epoll_pwait": 281, "eventfd": 284, "fallocate": 285, "accept4": 288,
+    "timer_create": 222, "timer_settime": 223, "timer_gettime": 224,
+    "timer_getoverrun": 225, "timer_delete": 226, "clock_gettime": 228,
+    "clock_getres": 229, "clock_nanosleep": 230, "exit_group": 231,
+    "epoll_wait": 232, "epoll_ctl": 233, "tgkill": 234, "utimes": 235,
+    "waitid": 247, "keyctl": 250, "openat": 257, "mkdirat": 258,
+    "mknodat": 259, "futimesat": 261, "newfstatat": 262, "unlinkat": 263,
+    "renameat": 264, "linkat": 265, "symlinkat": 266, "readlinkat": 267,
+    "fchmodat": 268, "faccessat": 269, "pselect6": 270, "ppoll": 271,
+    "unshare": 272, "set_robust_list": 273, "get_robust_list": 274,
+    "splice": 275, "tee": 276, "utimensat": 280, "epoll_pwait": 281,
+    "timerfd_create": 283, "eventfd": 284, "fallocate": 285,
+    "timerfd_settime": 286, "timerfd_gettime": 287, "accept4": 288,
     "eventfd2": 290, "epoll_create1": 291, "dup3": 292, "pipe2": 293,
     "preadv": 295, "pwritev": 296, "perf_event_open": 298, "prlimit64": 302,
     "setns": 308, "getcpu": 309, "process_vm_readv": 310,
@@ -139,10 +146,13 @@ SYSCALLS = {
     "write": 64, "readv": 65, "writev": 66, "pread64": 67, "pwrite64": 68,
     "preadv": 69, "pwritev": 70, "sendfile": 71, "pselect6": 72, "ppoll": 73,
     "splice": 76, "tee": 77, "readlinkat": 78, "newfstatat": 79, "fstat": 80,
-    "fsync": 82, "fdatasync": 83, "utimensat": 88, "personality": 92,
-    "exit": 93, "exit_group": 94, "waitid": 95, "set_tid_address": 96,
-    "unshare": 97, "futex": 98, "set_robust_list": 99, "get_robust_list": 100,
-    "nanosleep": 101, "clock_gettime": 113, "clock_getres": 114,
+    "fsync": 82, "fdatasync": 83, "timerfd_create": 85, "timerfd_settime": 86,
+    "timerfd_gettime": 87, "utimensat": 88, "personality": 92, "exit": 93,
+    "exit_group": 94, "waitid": 95, "set_tid_address": 96, "unshare": 97,
+    "futex": 98, "set_robust_list": 99, "get_robust_list": 100,
+    "nanosleep": 101, "getitimer": 102, "setitimer": 103, "timer_create": 107,
+    "timer_gettime": 108, "timer_getoverrun": 109, "timer_settime": 110,
+    "timer_delete": 111, "clock_gettime": 113, "clock_getres": 114,
     "clock_nanosleep": 115, "ptrace": 117, "sched_getscheduler": 120,
     "sched_getparam": 121, "sched_getaffinity": 123, "sched_yield": 124,
     "sched_get_priority_max": 125, "sched_get_priority_min": 126,

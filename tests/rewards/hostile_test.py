@@ -17,6 +17,7 @@ import pytest
 
 from rljax import rewards
 from rljax import tasks
+from rljax.sandbox import _jail
 from rljax.sandbox import _sandbox
 from rljax.tasks import _reasoning_gym
 
@@ -111,9 +112,13 @@ def _hook(event, args):
 
 
 def _is_sandbox_worker(argv):
+  """A sandbox's worker, its jail (bwrap) or the jail's one-off probe."""
+  if not isinstance(argv, (list, tuple)) or len(argv) < 2:
+    return False
+  if argv[0] == _jail.bwrap_path():
+    return True
   return (
-    isinstance(argv, (list, tuple))
-    and len(argv) > 2
+    len(argv) > 2
     and argv[0] == sys.executable
     and argv[2] == _sandbox._WORKER_SCRIPT
   )

@@ -25,7 +25,10 @@ from rljax._src.errors import UserError
 from rljax.sandbox import _jail
 from rljax.sandbox import _landlock
 from rljax.sandbox import _seccomp
+from rljax.training import RunConfig
 from rljax.training import SandboxSpec
+from rljax.training import override
+from rljax.training import validate
 from rljax.training import TaskSpec
 from rljax.training import _build
 
@@ -250,6 +253,10 @@ def test_the_python_tool_refuses_without_the_jail(monkeypatch):
   finally:
     env.toolbox.close()
   assert tasks.PYTHON_PREFIX == "python:"
+  config = override(RunConfig(), ["sandbox.allow_weaker=True"])
+  assert validate(config).sandbox == SandboxSpec(allow_weaker=True)
+  with pytest.raises(UserError, match="sandbox.allow_weaker"):
+    override(RunConfig(), ["sandbox.allow_weaker=3"])
 
 
 def test_kernel_isolation_is_reported():
