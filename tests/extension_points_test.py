@@ -114,8 +114,8 @@ def test_measure_of_halves_sums_to_the_whole_and_observe_stores_it():
   ]
   summed = jax.tree.map(jnp.add, *halves)
   assert whole[0] == {}  # the entropy bonus measures nothing
-  np.testing.assert_allclose(
-    summed[1]["ratio"].value, whole[1]["ratio"].value, rtol=1e-6
+  np.testing.assert_allclose(  # float32 sums in another order: ~n*eps32 off
+    summed[1]["ratio"].value, whole[1]["ratio"].value, rtol=1e-5, atol=1e-7
   )
   mask = np.asarray(batch.loss_mask())
   ratio = np.exp(np.float64(logp) - np.float64(batch.old_logp_PGT))

@@ -354,7 +354,9 @@ def _alone(name, rewards, mask):
 def test_mixed_sizes_equal_each_group_alone(name):
   rewards, mask = _stacked_batch()
   got = JIT[name](rewards, mask)
-  np.testing.assert_allclose(got, _alone(name, rewards, mask), atol=1e-6)
+  # Each group in a batch or alone: group reductions of G float32 values
+  # (|adv| <= ~3) in another order can differ by ~G * eps32 * |adv| ~ 3e-6.
+  np.testing.assert_allclose(got, _alone(name, rewards, mask), atol=1e-5)
 
 
 def test_mixed_sizes_batch_coupled_estimators():
@@ -501,7 +503,9 @@ def test_vmap_over_a_leading_axis(name):
     each = [NUMPY[name](rewards[i], mask[i]) for i in range(len(rewards))]
     np.testing.assert_allclose(mapped, np.stack(each), atol=2e-5)
   else:
-    np.testing.assert_allclose(mapped, JIT[name](rewards, mask), atol=1e-6)
+    # vmap vs one batched call: the same float32 group reductions, maybe
+    # ordered differently (~G * eps32 * |adv|).
+    np.testing.assert_allclose(mapped, JIT[name](rewards, mask), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", JAX)

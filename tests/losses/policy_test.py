@@ -474,7 +474,8 @@ def test_rank_polymorphic(name):
   batched = batched.loss.reshape(-1, SHAPE[-1])
   for i in (1, 4):
     row, _ = _jit_both(fn, **kw)(*(a.reshape(-1, SHAPE[-1])[i] for a in data))
-    np.testing.assert_allclose(batched[i], row.loss, rtol=1e-6)
+    # GSPO's sum over T in a batch of rows or one: float32 order may differ.
+    np.testing.assert_allclose(batched[i], row.loss, rtol=1e-5, atol=1e-7)
 
 
 # --------------------------------------------------------------------------

@@ -115,7 +115,10 @@ def test_measure_is_exact_under_micro_batching():
   ]
   summed = jax.tree.map(jnp.add, *halves)
   for k in whole:
-    np.testing.assert_allclose(summed[k].value, whole[k].value, rtol=1e-6)
+    # Halves summed vs the whole: float32 sums in another order.
+    np.testing.assert_allclose(
+      summed[k].value, whole[k].value, rtol=1e-5, atol=1e-7
+    )
 
 
 def test_loss_value_and_gradient_use_the_bucket_coefficients():

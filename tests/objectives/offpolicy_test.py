@@ -54,7 +54,10 @@ def test_disco_measure_of_halves_sums_to_the_whole():
   parts = [algo.measure(logp[s], _half(batch, s), algo.init()) for s in HALVES]
   total = _sum(parts)
   for name in ("kl", "tokens_per_sequence"):
-    np.testing.assert_allclose(total[name].value, whole[name].value, rtol=1e-6)
+    # Halves summed vs the whole: float32 sums in another order.
+    np.testing.assert_allclose(
+      total[name].value, whole[name].value, rtol=1e-5, atol=1e-7
+    )
   # The measured KL is the token mean of r - 1 - log r (float64 numpy).
   mask = np.asarray(batch.loss_mask(), np.float64)
   d = np.asarray(logp, np.float64) - np.asarray(batch.old_logp_PGT, np.float64)

@@ -125,7 +125,8 @@ def test_kepo_micro_batches_sum_to_the_whole_and_bfloat16():
   logp = testing.perturbed_logp(batch)
   whole = algo.loss(logp, batch, ())[0]
   parts = _sum([algo.loss(logp[s], _half(batch, s), ())[0] for s in HALVES])
-  np.testing.assert_allclose(parts.value, whole.value, rtol=1e-6)
+  # Halves summed vs the whole: float32 sums in another order.
+  np.testing.assert_allclose(parts.value, whole.value, rtol=1e-5, atol=1e-7)
   bf = lambda x: None if x is None else jnp.asarray(x, jnp.bfloat16)  # noqa: E731
   v16 = algo.loss(bf(logp), jax.tree.map(bf, batch), ())[0].value
   assert v16.dtype == jnp.float32 and np.isfinite(v16)
@@ -201,7 +202,8 @@ def test_capo_mask_zeroes_exactly_the_rejected_samples():
   parts = _sum(
     [algo.loss(logp[s], _half(prepared, s), state)[0] for s in HALVES]
   )
-  np.testing.assert_allclose(parts.value, whole.value, rtol=1e-6)
+  # Halves summed vs the whole: float32 sums in another order.
+  np.testing.assert_allclose(parts.value, whole.value, rtol=1e-5, atol=1e-7)
 
 
 def test_capo_on_policy_rejects_nothing_and_reads_external_scores():
@@ -245,7 +247,8 @@ def test_vcpo_ess_measure_of_halves_sums_to_the_whole():
   whole = jax.jit(algo.measure)(logp, batch, state)
   parts = _sum([algo.measure(logp[s], _half(batch, s), state) for s in HALVES])
   for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(parts)):
-    np.testing.assert_allclose(a, b, rtol=1e-6)
+    # Halves summed vs the whole: float32 sums in another order.
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   observed = algo.observe(state, parts)
   ess = _ess_np(batch)
   assert 0.0 < ess < 1.0

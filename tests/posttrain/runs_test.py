@@ -145,7 +145,9 @@ def test_dpo_offline_caches_the_reference(tmp_path):
   block, _ = run._offline_block(ids[:8], [run.records[i] for i in ids[:8]])
   # The cache holds what the frozen reference gives now.
   fresh = run.reference_logps(block.tokens_PGL, block.mask_PGL)
-  np.testing.assert_allclose(block.ref_logp_PG, fresh, rtol=1e-6)
+  # Cached from 16-row batches, fresh from 8 rows: float32 reductions in
+  # another order, ~n * eps32 * |logit| a token, summed over 4 tokens.
+  np.testing.assert_allclose(block.ref_logp_PG, fresh, rtol=1e-5, atol=1e-4)
   after = run.evaluate_pairs(_pairs(8))
   assert before["eval_reward_accuracy"] == 0.0  # no margin yet
   assert after["eval_reward_margin"] > before["eval_reward_margin"]

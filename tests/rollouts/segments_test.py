@@ -296,7 +296,9 @@ def test_continuations_start_exactly_at_the_prefix(
         out.logp_PGT[r, n, len(prefix) : len(want)],
         seq.logp,
         rtol=1e-5,
-        atol=1e-6,
+        # Batched vs alone: the float32 forward's reductions (n <= 64) may
+        # be reordered, ~n * eps32 * |logit| apart, however small logp is.
+        atol=2e-5,
       )
 
 

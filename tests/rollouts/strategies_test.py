@@ -76,7 +76,10 @@ def test_members_are_sampled_as_asked(model, tokenizer):
   engine.run(model)
   n = len(alone.completion)
   np.testing.assert_array_equal(out.tokens_PGT[0, 2, :n], alone.completion)
-  np.testing.assert_allclose(out.logp_PGT[0, 2, :n], alone.logp, atol=1e-6)
+  # Batched with the group or alone: the float32 forward's reductions (over
+  # hidden, MLP and attended positions, n <= 64) may be ordered differently,
+  # ~n * eps32 * |logit| apart; a wrong token is off by far more.
+  np.testing.assert_allclose(out.logp_PGT[0, 2, :n], alone.logp, atol=2e-5)
   assert out.mask_PGT[0, 2].sum() == n
   # Deterministic for a fixed key.
   again = _sample(model, tokenizer, members, ["1+2=", "3+4="])

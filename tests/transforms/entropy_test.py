@@ -352,7 +352,8 @@ def test_d3s_micro_batching():
   ]
   num = sum(float(m.num) for m in parts)
   den = sum(float(m.den) for m in parts)
-  np.testing.assert_allclose(num / den, float(whole.value), rtol=1e-6)
+  # Halves summed vs the whole: float32 sums in another order.
+  np.testing.assert_allclose(num / den, float(whole.value), rtol=1e-5)
   # No gradient reaches a dropped sample or token.
   grad = jax.grad(lambda lp: algo.loss(lp, out, st)[0].value)(jnp.asarray(logp))
   dropped = np.asarray(out.loss_mask() * out.policy_weights_PGT) == 0

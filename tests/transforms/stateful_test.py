@@ -194,7 +194,8 @@ def test_riskpo_preset_loss_and_gradient_finite():
   ]
   whole = algo.loss(logp, prepared, state)[0]
   total = jax.tree.map(jnp.add, *parts)
-  np.testing.assert_allclose(total.value, whole.value, rtol=1e-6)
+  # Halves summed vs the whole: float32 sums in another order.
+  np.testing.assert_allclose(total.value, whole.value, rtol=1e-5, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------

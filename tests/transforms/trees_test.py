@@ -190,7 +190,8 @@ def test_invalid_samples_are_zero_and_count_nowhere():
   np.testing.assert_allclose(
     T.treepo_advantages_of(rewards, tree, valid, normalize="subtree")[0, keep],
     alone[0],
-    rtol=1e-6,
+    rtol=1e-5,  # subtree statistics over a masked larger batch: reordered
+    atol=1e-6,
   )
 
 

@@ -97,7 +97,8 @@ def test_mixed_policy_is_exact_under_micro_batching():
     for i, s in enumerate((slice(0, 2), slice(2, 4)))
   ]
   summed = jax.tree.map(jnp.add, *halves)
-  np.testing.assert_allclose(summed.value, whole.value, rtol=1e-6)
+  # Halves summed vs the whole: float32 sums in another order.
+  np.testing.assert_allclose(summed.value, whole.value, rtol=1e-5, atol=1e-7)
 
 
 def test_mixed_policy_by_hand_and_hdpo_modes_agree_when_linear():
