@@ -614,6 +614,8 @@ def _minimal_env(scratch: str) -> dict[str, str]:
   env = {
     "PATH": "/usr/bin:/bin",
     "HOME": scratch,
+    "USER": "sandbox",  # the jail has no /etc/passwd
+    "LOGNAME": "sandbox",
     "TMPDIR": scratch,
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",

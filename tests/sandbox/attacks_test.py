@@ -357,7 +357,8 @@ def _unprivileged_prefix() -> list[str] | None:
   return None
 
 
-def test_attacks_as_an_unprivileged_user():
+@pytest.mark.slow  # the whole suite again (about a minute)
+def test_attacks_as_an_unprivileged_user(tmp_path):
   if os.environ.get("RLJAX_ATTACKS_UNPRIVILEGED"):
     pytest.skip("this is the unprivileged run")
   if os.geteuid() != 0:
@@ -370,11 +371,15 @@ def test_attacks_as_an_unprivileged_user():
     prefix + [sys.executable, "-c", check], capture_output=True, text=True
   ).stdout.strip()
   assert uid == "65534", uid
+  home = tmp_path / "home"  # not /tmp itself, which in the jail is scratch
+  home.mkdir()
+  home.chmod(0o777)
+  tmp_path.chmod(0o755)
   done = subprocess.run(
     prefix
     + [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
        "-p", "no:randomly", "-k", "not unprivileged", __file__],
-    env={**os.environ, "RLJAX_ATTACKS_UNPRIVILEGED": "1", "HOME": "/tmp"},
+    env={**os.environ, "RLJAX_ATTACKS_UNPRIVILEGED": "1", "HOME": str(home)},
     capture_output=True,
     text=True,
     cwd="/",
