@@ -18,7 +18,7 @@ def with_tools(
   call_format=None,
   max_turns: int = 4,
   system: str | None = None,
-  allow_weaker: bool = False,
+  allow_weaker: bool | None = None,
 ) -> Task:
   """`task` answered over several turns with tools (`envs.ToolEnvironment`).
 
@@ -39,7 +39,7 @@ def with_tools(
     max_turns: the most actions of an episode.
     system: text before the tool instructions in the system message.
     allow_weaker: the default Python tool may run without the kernel's
-      namespaces where this machine cannot create them.
+      namespaces where this machine cannot create them (`python_tool`).
 
   Returns:
     A `Task` named "<task>+tools" with an ``environment``.

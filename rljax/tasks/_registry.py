@@ -35,7 +35,7 @@ def get(name: str, **kwargs: Any) -> Task:
     return calculator(**kwargs)
   if name.startswith(PYTHON_PREFIX) and len(name) > len(PYTHON_PREFIX):
     max_turns = kwargs.pop("max_turns", 4)
-    allow_weaker = kwargs.pop("allow_weaker", False)
+    allow_weaker = kwargs.pop("allow_weaker", None)
     return with_tools(
       get(name[len(PYTHON_PREFIX) :], **kwargs),
       max_turns=max_turns,

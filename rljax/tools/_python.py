@@ -21,6 +21,7 @@ from rljax.tools._base import Tool
 from rljax.tools._base import ToolError
 from rljax.tools._base import one_line
 
+ALLOW_WEAKER_ENV = "RLJAX_SANDBOX_ALLOW_WEAKER"
 # The audit hook's file: its frame is left out of tracebacks.
 _SANDBOX_WORKER = os.path.join(
   os.path.dirname(sandbox_lib.__file__), "_worker.py"
@@ -84,8 +85,11 @@ class PythonExecutor:
     workers: sandboxes run calls at once (a sandbox runs one call at a
       time): several agent episodes' steps then run concurrently.
     allow_weaker: run without the kernel's namespaces where this machine
-      cannot create them (only the in-process layers then; a warning names
-      what is missing). False (default): refuse to start there.
+      cannot create them (Landlock, seccomp, rlimits and the audit hook
+      then; a warning names what is missing). False: refuse to start there.
+      None (default): True only where the environment variable
+      RLJAX_SANDBOX_ALLOW_WEAKER is "1" (a machine-wide policy, e.g. for a
+      CI container without user namespaces).
 
   Raises:
     ValueError: a limit is not positive, setup is not a string, or modules
@@ -105,7 +109,7 @@ class PythonExecutor:
     show_last: bool = True,
     sandbox: sandbox_lib.Sandbox | None = None,
     workers: int = 1,
-    allow_weaker: bool = False,
+    allow_weaker: bool | None = None,
   ):
     if isinstance(timeout, bool) or not (
       isinstance(timeout, (int, float)) and 0 < timeout < float("inf")
@@ -137,6 +141,8 @@ class PythonExecutor:
       )
     if sandbox is not None and workers != 1:
       raise ValueError("give either sandbox= or workers > 1, not both.")
+    if allow_weaker is None:  # the machine's policy, default strict
+      allow_weaker = os.environ.get(ALLOW_WEAKER_ENV, "") == "1"
     why = None if allow_weaker else sandbox_lib.kernel_isolation_error()
     if sandbox is None and why:
       raise UserError(

@@ -68,8 +68,8 @@ def _scratch_config(spec: ModelSpec, vocab_size: int) -> ModelConfig:
 def build_task(spec: TaskSpec, sandbox: SandboxSpec):
   """The task; a Python-tool task ("python:<task>") gets the sandbox policy."""
   kwargs = dict(spec.kwargs)
-  if spec.name.startswith(tasks.PYTHON_PREFIX):
-    kwargs.setdefault("allow_weaker", sandbox.allow_weaker)
+  if spec.name.startswith(tasks.PYTHON_PREFIX) and sandbox.allow_weaker:
+    kwargs.setdefault("allow_weaker", True)
   return tasks.get(spec.name, **kwargs)
 
 

@@ -237,8 +237,12 @@ def test_a_module_imported_later_restarts_the_worker(tmp_path, monkeypatch):
 
 def test_the_python_tool_refuses_without_the_jail(monkeypatch):
   monkeypatch.setattr(_jail, "unavailable", lambda: "no user namespaces")
+  monkeypatch.delenv("RLJAX_SANDBOX_ALLOW_WEAKER", raising=False)
   with pytest.raises(UserError, match=r"sandbox\.allow_weaker=True"):
     tools.python_tool()
+  monkeypatch.setenv("RLJAX_SANDBOX_ALLOW_WEAKER", "1")  # machine policy
+  tools.python_tool().fn.close()
+  monkeypatch.delenv("RLJAX_SANDBOX_ALLOW_WEAKER")
   with pytest.raises(UserError, match="no user namespaces"):
     _build.build_task(TaskSpec(name="python:arithmetic"), SandboxSpec())
   task = _build.build_task(
