@@ -55,7 +55,8 @@ them, warning once; there it enters a new network namespace itself and, as
 root, drops to uid 65534, and Landlock, seccomp, rlimits and the audit hook
 still apply. The Python tool (`rljax.tools.python_tool`) refuses to start
 there unless given allow_weaker=True (`sandbox.allow_weaker=True` in a run
-config). `kernel_isolation_error()` says whether this machine can.
+config; RLJAX_SANDBOX_ALLOW_WEAKER=1 in the environment as the machine's
+policy). `kernel_isolation_error()` says whether this machine can.
 
 Threat model. Model output is untrusted; the functions, their modules and
 the configs are trusted. Code that gains arbitrary execution inside a call
