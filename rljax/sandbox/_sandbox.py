@@ -396,9 +396,11 @@ class _Worker:
     self.layers = self._handshake()
 
   def hidden(self, fn: Callable[..., Any]) -> list[str]:
-    """The places of `fn`'s module that the jail does not show ([] if none)."""
-    if not self._settings["jail"]:
-      return []
+    """The places of `fn`'s module that the worker may not read ([] if none).
+
+    The jail's view and, outside a jail, Landlock's read rules both follow
+    `_jail.read_roots`.
+    """
     module = getattr(fn, "__module__", None) or ""
     top = sys.modules.get(module.partition(".")[0])
     return [
