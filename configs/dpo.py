@@ -6,7 +6,9 @@ algorithm.name=ipo, robust_dpo, simpo, orpo, cpo, kto (labelled records),
 tgdpo (with a teacher as the token reward model).
 
 python -m rljax.training --config configs/sft.py
-python experiments/dpo_demo.py          # pairs, then this run, measured
+python experiments/dpo_demo.py --pairs_only   # the pairs
+python -m rljax.training --config configs/dpo.py
+(python experiments/dpo_demo.py: the pairs, then this run, measured)
 """
 
 import dataclasses
@@ -17,6 +19,13 @@ from rljax.training import AlgorithmSpec
 from rljax.training import DataSpec
 from rljax.training import OptimSpec
 from rljax.training import OutputSpec
+
+# What this run reads that a fresh clone lacks, and the command (from the
+# repository root) that makes it: the CLI names it when the path is missing.
+PREREQUISITES = {
+  "runs/sft/model": "python -m rljax.training --config configs/sft.py",
+  "runs/pairs.jsonl": "python experiments/dpo_demo.py --pairs_only",
+}
 
 
 def get_config():

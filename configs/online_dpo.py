@@ -20,6 +20,12 @@ from rljax.training import DataSpec
 from rljax.training import OptimSpec
 from rljax.training import OutputSpec
 
+# What this run reads that a fresh clone lacks, and the command (from the
+# repository root) that makes it: the CLI names it when the path is missing.
+PREREQUISITES = {
+  "runs/sft/model": "python -m rljax.training --config configs/sft.py",
+}
+
 
 def get_config():
   config = base("grpo")

@@ -10,6 +10,12 @@ import dataclasses
 
 from _arithmetic import base
 
+# What this run reads that a fresh clone lacks, and the command (from the
+# repository root) that makes it: the CLI names it when the path is missing.
+PREREQUISITES = {
+  "runs/sft/model": "python -m rljax.training --config configs/sft.py",
+}
+
 
 def get_config():
   config = base("grpo")

@@ -19,7 +19,7 @@ import argparse
 import json
 import pathlib
 
-import jax
+import dpo_demo  # experiments/dpo_demo.py, beside this script
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -60,7 +60,8 @@ def main(argv=None) -> dict:
 
   sft = posttrain.SFTRun(_config("sft", runs, args.seed), resume=False)
   summary = sft.run()
-  model = f"model.source=hf:{summary['model']}"
+  sft_model = summary["model"]
+  model = f"model.source=hf:{sft_model}"
   report["sft"] = {
     "before": summary["before"]["eval_accuracy"],
     "after": summary["after"]["eval_accuracy"],
@@ -76,27 +77,12 @@ def main(argv=None) -> dict:
   }
 
   # Pairs from the SFT model's own samples, scored by the task's reward.
-  sampler = Trainer(
-    _config(
-      "sft_grpo",
-      runs,
-      args.seed,
-      model,
-      "sampler.num_samples=8",
-      "train.prompts_per_step=128",
-      f"output.directory={runs / 'pairs'}",
-    ),
-    resume=False,
-  )
-  key = jax.random.key(args.seed)
-  train, stats = posttrain.sample_pairs(
-    sampler, list(sampler.task.train)[: args.pairs], key=key, min_margin=0.5
-  )
-  held_out, _ = posttrain.sample_pairs(
-    sampler, list(sampler.task.test)[:512], key=jax.random.fold_in(key, 1)
+  sampler = dpo_demo.sampler(sft_model, runs / "pairs", args.seed)
+  train, held_out, stats = dpo_demo.make_pairs(
+    sampler, args.seed, args.pairs, 512
   )
   file = runs / "pairs.jsonl"
-  file.write_text("".join(json.dumps(r) + "\n" for r in train))
+  dpo_demo.write_jsonl(file, train)
   report["pairs"] = {**stats, "train": len(train), "held_out": len(held_out)}
 
   config = _config("dpo", runs, args.seed, model, f"data.source=jsonl:{file}")

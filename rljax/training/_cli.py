@@ -3,6 +3,7 @@
 import argparse
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 
@@ -26,6 +27,12 @@ def load_config(path: str) -> RunConfig:
   A config file is Python and runs with the caller's rights: it is trusted
   input, like a training script. Load only configs you wrote or reviewed.
   """
+  return _load(path)[0]
+
+
+def _load(path: str) -> tuple[RunConfig, dict[str, str]]:
+  """`load_config`, and the file's ``PREREQUISITES`` (a path the run reads
+  -> the command that makes it; none when the file defines none)."""
   file = pathlib.Path(path)
   if not file.is_file():
     raise ConfigNotFoundError(
@@ -42,7 +49,43 @@ def load_config(path: str) -> RunConfig:
     raise UserError(
       f"{path}: get_config() returned {type(config).__name__}, not RunConfig."
     )
-  return config
+  return config, dict(vars(module).get("PREREQUISITES", {}))
+
+
+def inputs(config: RunConfig) -> list[tuple[str, str, str]]:
+  """(field, value, local path) of each file or directory `config` reads:
+  an "hf:" or "gguf:" model or teacher, "jsonl:" data."""
+  out = []
+  models = [("model.source", config.model.source)]
+  if config.teacher is not None:
+    models.append(("teacher.source", config.teacher.source))
+  for field, value in models:
+    for prefix in ("hf:", "gguf:"):
+      if value.startswith(prefix):
+        out.append((field, value, value[len(prefix) :]))
+  if config.data.source.startswith("jsonl:"):
+    source = config.data.source
+    out.append(("data.source", source, source[len("jsonl:") :]))
+  return out
+
+
+def check_inputs(config: RunConfig, prerequisites: dict[str, str]) -> None:
+  """Raise a `UserError` at the first path `config` reads that does not
+  exist, naming the command that makes it where `prerequisites` (a config
+  file's ``PREREQUISITES``) has one."""
+  for field, value, path in inputs(config):
+    if os.path.exists(path):
+      continue
+    message = f"{field}={value!r}: {path!r} does not exist"
+    if not os.path.isabs(path):
+      message += f" (from {os.getcwd()})"
+    known = {os.path.normpath(k): v for k, v in prerequisites.items()}
+    command = known.get(os.path.normpath(path))
+    if not command:
+      raise UserError(message + ".")
+    raise UserError(
+      f"{message}; make it first, from the repository root: {command}"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,7 +167,9 @@ def _main(argv) -> int:
     num_processes=args.num_processes,
     process_id=args.process_id,
   )
-  config = validate(override(load_config(args.config), args.overrides))
+  config, prerequisites = _load(args.config)
+  config = validate(override(config, args.overrides))
+  check_inputs(config, prerequisites)  # before any model is built
   # Imported here so that --help works without initialising JAX.
   from rljax import posttrain
 

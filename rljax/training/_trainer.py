@@ -786,6 +786,14 @@ class Trainer:
     """Global arrays from this process's rows of a training batch."""
     return _hosts.to_global(tree, self.mesh, self.config.train.prompts_per_step)
 
+  def _step_batch(self, scored, seqs) -> Batch:
+    """The batch the algorithm prepares: the rollout's, the old policy's
+    fields and, for ReMax, the greedy baseline."""
+    batch = self._with_old(self._raw_batch(scored), seqs)
+    if self.needs["baseline_rewards_P"]:
+      batch = batch._replace(baseline_rewards_P=self._greedy_rewards(scored))
+    return batch
+
   def _raw_batch(self, scored) -> Batch:
     """The global batch of a scored rollout (this process's rows)."""
     r = scored.rollout
@@ -970,9 +978,7 @@ class Trainer:
     prompts = self._next_prompts()
     scored, refills, num_kept = self._fill(prompts, jax.random.fold_in(key, 0))
     seqs = self._global(_rollout.sequences(scored.rollout))
-    batch = self._with_old(self._raw_batch(scored), seqs)
-    if self.needs["baseline_rewards_P"]:
-      batch = batch._replace(baseline_rewards_P=self._greedy_rewards(scored))
+    batch = self._step_batch(scored, seqs)
     batch, algo_state = self._prepare(
       batch, self.state.policy.algo_state, jax.random.fold_in(key, 2)
     )
@@ -1093,7 +1099,7 @@ class Trainer:
     start = time.perf_counter()
     metrics = self.step(self.start_step)
     seqs = self._global(_rollout.sequences(self._last.rollout))
-    batch = self._with_old(self._raw_batch(self._last), seqs)
+    batch = self._step_batch(self._last, seqs)
     batch, _ = self._prepare(
       batch, self.state.policy.algo_state, jax.random.key(0)
     )

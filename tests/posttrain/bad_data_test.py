@@ -8,6 +8,9 @@ import logging
 
 import pytest
 
+from rljax._src.errors import UserError
+from rljax.posttrain import _run
+from rljax.training import DataSpec
 from rljax.training import _build
 from rljax.training import _cli
 
@@ -193,8 +196,18 @@ def test_an_empty_file(tmp_path, capsys, built, kind):
 
 def test_a_missing_file(tmp_path, capsys, built):
   code = _run_cli(tmp_path, "dpo", "", "data.source=jsonl:nowhere/pairs.jsonl")
-  _one_error_line(code, capsys, "there is no file 'nowhere/pairs.jsonl'")
+  _one_error_line(code, capsys, "'nowhere/pairs.jsonl' does not exist")
   assert not built
+
+
+def test_a_missing_file_in_code(tmp_path, monkeypatch):
+  """The same without the CLI (a run built in Python)."""
+  monkeypatch.chdir(tmp_path)
+  data = DataSpec(source="jsonl:nowhere/pairs.jsonl")
+  with pytest.raises(
+    UserError, match=r"there is no file 'nowhere/pairs.jsonl'"
+  ):
+    _run.records(data, task=None, kinds=("pair",))
 
 
 def test_on_policy_gkd_steps_on_prompt_records(tmp_path, capsys, built):

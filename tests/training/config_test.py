@@ -1,6 +1,10 @@
 """Run configs: key=value overrides, config files, the CLI's errors."""
 
+import json
+import os
 import pathlib
+import re
+import shlex
 import subprocess
 import sys
 
@@ -10,10 +14,13 @@ from rljax import algorithms
 from rljax import rollouts
 from rljax import selection
 from rljax.training import RunConfig
+from rljax.training import _cli
 from rljax.training import load_config
 from rljax.training import override
+from rljax.training import validate
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
 PRESET_CONFIGS = sorted(p.stem for p in CONFIGS.glob("[!_]*.py"))
 
 
@@ -156,3 +163,147 @@ def test_cli_help_runs():
     check=True,
   )
   assert "--config" in out.stdout and "--dry_run" in out.stdout
+
+
+# --- every config runs on a fresh clone, or names what makes its inputs ----
+
+
+def _makes(command: str, path: str) -> None:
+  """`command` (run from the repository root) exists and makes `path`."""
+  words = shlex.split(command)
+  assert words[0] == "python", command
+  if words[1:3] == ["-m", "rljax.training"]:
+    config = ROOT / words[words.index("--config") + 1]
+    assert config.is_file(), command
+    made = load_config(config)
+    # A post-training run exports its policy to <output.directory>/model.
+    assert made.kind != "rl", command
+    assert os.path.normpath(path) == os.path.normpath(
+      f"{made.output.directory}/model"
+    ), command
+  else:
+    script = ROOT / words[1]
+    assert words[1].startswith("experiments/") and script.is_file(), command
+    assert path in script.read_text(), f"{script} does not say it makes {path}"
+
+
+def test_every_config_names_files_and_commands_that_exist():
+  """Each config loads and validates; each file it names exists; each path
+  it reads is in the repository or in its PREREQUISITES, with a command that
+  exists and makes it (runs/ is output, absent from a fresh clone)."""
+  for file in sorted(CONFIGS.glob("[!_]*.py")):
+    config, prerequisites = _cli._load(file)
+    validate(config)
+    for named in re.findall(
+      r"(?:configs|experiments)/\w+\.py", file.read_text()
+    ):
+      assert (ROOT / named).is_file(), f"{file.name} names {named}"
+    for field, value, path in _cli.inputs(config):
+      tracked = (ROOT / path).exists() and not path.startswith("runs/")
+      assert tracked or path in prerequisites, (
+        f"{file.name}: {field}={value!r} reads {path}, which a fresh clone"
+        " lacks; add it and the command that makes it to PREREQUISITES"
+      )
+    for path, command in prerequisites.items():
+      _makes(command, path)
+
+
+def test_a_missing_input_names_the_command_that_makes_it(
+  tmp_path, monkeypatch, capsys
+):
+  monkeypatch.chdir(tmp_path)  # a fresh clone: no runs/
+  args = ["--config", str(CONFIGS / "dpo.py"), "--dry_run"]
+  assert _cli.main(args) == 2
+  error = capsys.readouterr().err.strip()
+  assert error == (
+    "error: model.source='hf:runs/sft/model': 'runs/sft/model' does not"
+    f" exist (from {tmp_path}); make it first, from the repository root:"
+    " python -m rljax.training --config configs/sft.py"
+  )
+  (tmp_path / "runs" / "sft" / "model").mkdir(parents=True)
+  assert _cli.main(args) == 2
+  error = capsys.readouterr().err.strip()
+  assert error.startswith("error: data.source='jsonl:runs/pairs.jsonl'")
+  assert error.endswith("python experiments/dpo_demo.py --pairs_only")
+  assert _cli.main([*args, "data.source=jsonl:elsewhere.jsonl"]) == 2
+  error = capsys.readouterr().err.strip()
+  assert error.endswith(f"'elsewhere.jsonl' does not exist (from {tmp_path}).")
+
+
+def _fresh_clone_cli(cwd, *args, timeout=1200):
+  """``python -m rljax.training`` in `cwd` on one CPU device, as a user runs
+  it; `cwd` holds links to configs/ and experiments/ and no runs/."""
+  for name in ("configs", "experiments"):
+    if not (cwd / name).exists():
+      (cwd / name).symlink_to(ROOT / name)
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PLATFORMS"] = "cpu"
+  return subprocess.run(
+    [sys.executable, *args],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+@pytest.mark.slow  # each compiles its run at full size: ~1 min a config
+@pytest.mark.parametrize("name", PRESET_CONFIGS)
+def test_every_config_dry_runs_on_a_fresh_clone(tmp_path, name):
+  """It runs (--dry_run), or stops with one error line that names a command
+  that exists and makes what it lacks."""
+  proc = _fresh_clone_cli(
+    tmp_path,
+    "-m",
+    "rljax.training",
+    "--config",
+    f"configs/{name}.py",
+    "--dry_run",
+    f"output.directory={tmp_path / 'out'}",
+  )
+  if proc.returncode == 0:
+    assert "step_seconds_with_compile" in proc.stdout, proc.stdout[-2000:]
+    return
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.splitlines()
+  errors = [line for line in lines if line.startswith("error: ")]
+  assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+  path, command = re.fullmatch(
+    r"error: \S+: '(\S+)' does not exist .*; make it first, from the"
+    r" repository root: (.+)",
+    errors[0],
+  ).groups()
+  _makes(command, path)
+
+
+@pytest.mark.slow  # SFT, the pairs, then DPO's dry run: a few minutes
+def test_the_named_commands_make_what_dpo_needs(tmp_path):
+  """configs/dpo.py's PREREQUISITES, run as named (smaller) from a fresh
+  clone, make what its dry run then needs."""
+  _, prerequisites = _cli._load(CONFIGS / "dpo.py")
+  small = {
+    "configs/sft.py": ["train.steps=2", "train.eval_prompts=8"],
+    "experiments/dpo_demo.py": ["--pairs", "16", "--held_out", "8"],
+  }
+  for path, command in prerequisites.items():
+    words = shlex.split(command)[1:]
+    extra = next(v for k, v in small.items() if k in words)
+    proc = _fresh_clone_cli(tmp_path, *words, *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / path).exists(), path
+  pairs = tmp_path / "runs" / "pairs.jsonl"
+  if not pairs.read_text():  # a two-step model may tie every group
+    pairs.write_text(
+      json.dumps({"prompt": "1+2=", "chosen": "3", "rejected": "4"}) + "\n"
+    )
+  proc = _fresh_clone_cli(
+    tmp_path,
+    "-m",
+    "rljax.training",
+    "--config",
+    "configs/dpo.py",
+    "--dry_run",
+    "train.prompts_per_step=8",
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
