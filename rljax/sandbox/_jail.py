@@ -73,7 +73,7 @@ def kernel_isolation_error() -> str | None:
 
 
 def unavailable() -> str:
-  """"" when a jailed worker can start on this machine, else why not.
+  """ "" when a jailed worker can start on this machine, else why not.
 
   Starts the interpreter once under the jail (cached per process).
   """
@@ -157,10 +157,14 @@ def read_roots(preload, shown=()) -> list[str]:
   cwd = os.getcwd()
   paths = list(_ETC_FILES)
   paths += {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix}
-  paths.append(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+  paths.append(
+    os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
+  )
   paths.append(os.path.dirname(os.path.abspath(__file__)))
   for entry in sys.path:
-    if isinstance(entry, str) and entry not in ("", cwd) and os.path.isabs(entry):
+    if (
+      isinstance(entry, str) and entry not in ("", cwd) and os.path.isabs(entry)
+    ):
       paths.append(entry)
   paths += _imported_places()
   paths = [p for p in paths if not p.startswith(SCRATCH + "/")]

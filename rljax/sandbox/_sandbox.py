@@ -407,7 +407,9 @@ class _Worker:
       p
       for p in _jail.module_places(top)
       if not _jail.is_system(p)
-      and not any(p == r or p.startswith(r.rstrip("/") + "/") for r in self._roots)
+      and not any(
+        p == r or p.startswith(r.rstrip("/") + "/") for r in self._roots
+      )
     ]
 
   def _handshake(self) -> dict[str, str]:

@@ -78,6 +78,7 @@ NOT_IMPLEMENTED = ("clone3",)
 # System call numbers, from the kernel's uapi headers (asm/unistd_64.h on
 # x86_64, asm-generic/unistd.h on aarch64), for the names above and the
 # refusals the tests check.
+# fmt: off
 SYSCALLS = {
   "x86_64": {
     "read": 0, "write": 1, "open": 2, "close": 3, "stat": 4, "fstat": 5,
@@ -182,6 +183,7 @@ SYSCALLS = {
     "faccessat2": 439, "epoll_pwait2": 441, "futex_waitv": 449,
   },
 }
+# fmt: on
 
 
 def supported(machine: str | None = None) -> bool:

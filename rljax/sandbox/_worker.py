@@ -100,7 +100,6 @@ _PROC_ENTRY = re.compile(r"/proc/([0-9]+)(?:/|$)")
 _PATH_TYPES = (str, bytes, pathlib.PurePosixPath, pathlib.PosixPath)
 
 
-
 def _sibling(name: str):
   """A standard-library-only module of this folder, loaded by its path.
 
@@ -455,8 +454,10 @@ def install_hook(scratch: str, allow_cpu_limit: bool = False) -> None:
 
   def allowed(event, args) -> bool:
     if event in refused:
-      return allow_cpu_limit and event == "resource.setrlimit" and (
-        args[0] == cpu_limit
+      return (
+        allow_cpu_limit
+        and event == "resource.setrlimit"
+        and (args[0] == cpu_limit)
       )
     if event.startswith(prefixes):
       return False

@@ -9,12 +9,12 @@ the post-training kinds (``kind="sft"``, ``"preference"``, ``"distill"``:
 from rljax.training._cli import load_config
 from rljax.training._config import AlgorithmSpec
 from rljax.training._config import DataSpec
-from rljax.training._config import SandboxSpec
 from rljax.training._config import ModelSpec
 from rljax.training._config import OptimSpec
 from rljax.training._config import OutputSpec
 from rljax.training._config import RunConfig
 from rljax.training._config import SamplerSpec
+from rljax.training._config import SandboxSpec
 from rljax.training._config import TaskSpec
 from rljax.training._config import TrainSpec
 from rljax.training._config import override

@@ -62,14 +62,34 @@ def sc(nr, *args):
 # System call numbers of x86_64 and aarch64 (the payloads pick theirs).
 NR = {
   "x86_64": dict(
-    mknodat=259, kill=62, pidfd_send_signal=424, pidfd_open=434, setns=308,
-    socket=41, connect=42, ptrace=101, unshare=272, io_uring_setup=425,
-    process_vm_readv=310, execve=59, mount=165,
+    mknodat=259,
+    kill=62,
+    pidfd_send_signal=424,
+    pidfd_open=434,
+    setns=308,
+    socket=41,
+    connect=42,
+    ptrace=101,
+    unshare=272,
+    io_uring_setup=425,
+    process_vm_readv=310,
+    execve=59,
+    mount=165,
   ),
   "aarch64": dict(
-    mknodat=33, kill=129, pidfd_send_signal=424, pidfd_open=434, setns=268,
-    socket=198, connect=203, ptrace=117, unshare=97, io_uring_setup=425,
-    process_vm_readv=270, execve=221, mount=40,
+    mknodat=33,
+    kill=129,
+    pidfd_send_signal=424,
+    pidfd_open=434,
+    setns=268,
+    socket=198,
+    connect=203,
+    ptrace=117,
+    unshare=97,
+    io_uring_setup=425,
+    process_vm_readv=270,
+    execve=221,
+    mount=40,
   ),
 }[os.uname().machine]
 
@@ -343,9 +363,13 @@ def _unprivileged_prefix() -> list[str] | None:
   has no capability in the host's namespace, as an unprivileged trainer.
   """
   probe = [sys.executable, "-c", "import rljax.sandbox"]
-  runner = [sys.executable, "-c", "import os, sys; os.setgid(65534);"
-            " os.setgroups([]); os.setuid(65534); os.execv(sys.argv[1],"
-            " sys.argv[1:])"]
+  runner = [
+    sys.executable,
+    "-c",
+    "import os, sys; os.setgid(65534);"
+    " os.setgroups([]); os.setuid(65534); os.execv(sys.argv[1],"
+    " sys.argv[1:])",
+  ]
   unshare = ["unshare", "--user", "--map-user=65534", "--map-group=65534"]
   for prefix in (runner, unshare):
     try:
@@ -377,8 +401,19 @@ def test_attacks_as_an_unprivileged_user(tmp_path):
   tmp_path.chmod(0o755)
   done = subprocess.run(
     prefix
-    + [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-       "-p", "no:randomly", "-k", "not unprivileged", __file__],
+    + [
+      sys.executable,
+      "-m",
+      "pytest",
+      "-q",
+      "-p",
+      "no:cacheprovider",
+      "-p",
+      "no:randomly",
+      "-k",
+      "not unprivileged",
+      __file__,
+    ],
     env={**os.environ, "RLJAX_ATTACKS_UNPRIVILEGED": "1", "HOME": str(home)},
     capture_output=True,
     text=True,

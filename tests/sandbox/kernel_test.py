@@ -6,7 +6,6 @@ in a forked process against the real kernel.
 """
 
 import asyncio
-import ctypes
 import os
 import pathlib
 import re
@@ -27,10 +26,10 @@ from rljax.sandbox import _landlock
 from rljax.sandbox import _seccomp
 from rljax.training import RunConfig
 from rljax.training import SandboxSpec
-from rljax.training import override
-from rljax.training import validate
 from rljax.training import TaskSpec
 from rljax.training import _build
+from rljax.training import override
+from rljax.training import validate
 
 ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026
 HEADERS = {
@@ -46,7 +45,10 @@ def run_bpf(program: bytes, nr: int, arch: int, args=(0,) * 6) -> int:
   ret k) over `struct seccomp_data` (nr, arch, ip, args), little-endian.
   """
   data = struct.pack("<iIQ6Q", nr, arch, 0, *args)
-  code = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+  code = [
+    struct.unpack("=HBBI", program[i : i + 8])
+    for i in range(0, len(program), 8)
+  ]
   pc, acc = 0, 0
   while True:
     op, jt, jf, k = code[pc]
@@ -90,9 +92,23 @@ def test_the_allow_list_program(machine):
   )
   for name in ("read", "write", "openat", "mmap", "futex", "exit_group"):
     assert ask(name) == ALLOW, name
-  for name in ("execve", "socket", "connect", "mknodat", "ptrace", "setns",
-               "unshare", "pidfd_open", "pidfd_send_signal", "io_uring_setup",
-               "bpf", "mount", "prctl", "seccomp", "process_vm_readv"):
+  for name in (
+    "execve",
+    "socket",
+    "connect",
+    "mknodat",
+    "ptrace",
+    "setns",
+    "unshare",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "io_uring_setup",
+    "bpf",
+    "mount",
+    "prctl",
+    "seccomp",
+    "process_vm_readv",
+  ):
     assert ask(name) == EPERM, name
   assert ask("clone", 0x3D0F00) == ALLOW  # pthread_create's flags
   assert ask("clone", 0x1200011) == EPERM  # fork()'s flags
@@ -204,22 +220,32 @@ def test_the_jail_shows_the_import_path_but_not_the_working_directory(
   assert str(tmp_path) not in roots
   assert str(tmp_path / "helper_mod_for_jail.py") in roots
   rljax_folder = str(pathlib.Path(sandbox.__file__).parents[1])
-  assert any(rljax_folder == r or rljax_folder.startswith(r + "/") for r in roots)
+  assert any(
+    rljax_folder == r or rljax_folder.startswith(r + "/") for r in roots
+  )
   assert sys.base_prefix in roots or any(
     sys.base_prefix.startswith(r + "/") for r in roots
   )
   assert not any(r in ("/", "/tmp", "/proc", "/usr") for r in roots)
   argv = _jail.argv("bwrap", roots, 1 << 20)
-  for flag in ("--unshare-user", "--unshare-pid", "--unshare-net",
-               "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-               "--new-session"):
+  for flag in (
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-net",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--die-with-parent",
+    "--new-session",
+  ):
     assert flag in argv
   assert argv[argv.index("--cap-drop") + 1] == "ALL"
   assert argv[argv.index("--tmpfs") + 1] == "/tmp" and argv[-1] == "--"
 
 
 @pytest.mark.parametrize("jail", [True, False], ids=["jail", "weaker"])
-def test_a_module_imported_later_restarts_the_worker(jail, tmp_path, monkeypatch):
+def test_a_module_imported_later_restarts_the_worker(
+  jail, tmp_path, monkeypatch
+):
   if jail and sandbox.kernel_isolation_error():
     pytest.skip("no jail here")
   if not jail:  # Landlock's read rules follow the same roots
@@ -274,6 +300,13 @@ def test_kernel_isolation_is_reported():
       layers = box.layers
     assert all(
       layers[n]
-      for n in ("namespaces", "network", "unprivileged_uid", "no_capabilities",
-                "seccomp", "audit_hook", "rlimits")
+      for n in (
+        "namespaces",
+        "network",
+        "unprivileged_uid",
+        "no_capabilities",
+        "seccomp",
+        "audit_hook",
+        "rlimits",
+      )
     ), layers
