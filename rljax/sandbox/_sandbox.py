@@ -285,8 +285,8 @@ class Sandbox:
     with self._lock:
       while len(outcomes) < len(calls):
         worker = self._ensure_worker()
-        hidden = worker.hidden(fn)
-        if hidden:  # fn's module is out of the jail's view: show it
+        hidden = [p for p in worker.hidden(fn) if p not in self._shown]
+        if hidden:  # fn's module is out of the worker's view: show it once
           self._shown.extend(hidden)
           self._discard_worker()
           worker = self._ensure_worker()
