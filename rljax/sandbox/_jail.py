@@ -11,8 +11,10 @@ cgroup) namespaces:
     /run, /var, /sys and the trainer's outputs do not exist there;
   * /proc is a fresh procfs of its own pid namespace (the host's processes
     do not exist), /dev a minimal one (null, zero, random, urandom, tty);
-  * /tmp is a private tmpfs of a bounded size, the scratch directory and
-    the only writable place (cwd, HOME and TMPDIR);
+  * /tmp is a private, read-only tmpfs (holding only roots that live under
+    the host's /tmp, such as a virtual environment there), and /tmp/scratch
+    a tmpfs of a bounded size inside it: the scratch directory and the only
+    writable place (cwd, HOME and TMPDIR);
   * it runs as uid/gid 1000 of its user namespace with no capabilities,
     even when the trainer is root; nested user namespaces are disabled;
   * the network namespace has only a loopback of its own;
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import threading
 
-SCRATCH = "/tmp"  # the worker's scratch directory, inside the jail
+SCRATCH = "/tmp/scratch"  # the worker's scratch directory, inside the jail
 UID = 1000  # the worker's uid and gid inside its user namespace
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES = (
@@ -129,11 +131,16 @@ def argv(bwrap: str, roots: list[str], scratch_bytes: int) -> list[str]:
     elif os.path.isdir(folder):
       command += ["--ro-bind", folder, folder]
   command += ["--proc", "/proc", "--dev", "/dev"]
+  # /tmp: a private tmpfs, read-only once the roots under the host's /tmp
+  # (a virtual environment there, say) are bound into it; the scratch
+  # directory inside it is a tmpfs of its own, the only writable place.
+  command += ["--tmpfs", "/tmp", "--dir", SCRATCH]
+  for path in roots:
+    command += ["--ro-bind-try", path, path]
+  command += ["--remount-ro", "/tmp"]
   if "--size" in known:
     command += ["--size", str(scratch_bytes)]
   command += ["--perms", "0700", "--tmpfs", SCRATCH]
-  for path in roots:  # after the tmpfs: a module under the host's /tmp shows
-    command += ["--ro-bind-try", path, path]
   return command + ["--chdir", SCRATCH, "--"]
 
 
@@ -143,9 +150,7 @@ def read_roots(preload, shown=()) -> list[str]:
   The import path's folders are shown, but not the current directory that
   "" (or a script's folder equal to it) stands for: from there only the
   modules already imported and the `preload` modules are shown, so a
-  project's outputs and files beside them stay out of view. Import folders
-  and modules under the host's /tmp are left out (the jail's /tmp is its
-  scratch directory) unless preloaded or in `shown`.
+  project's outputs and files beside them stay out of view.
 
   Args:
     preload: the module names the worker will import.
@@ -166,9 +171,7 @@ def read_roots(preload, shown=()) -> list[str]:
       isinstance(entry, str) and entry not in ("", cwd) and os.path.isabs(entry)
     ):
       paths.append(entry)
-  paths += _imported_places()
-  paths = [p for p in paths if not p.startswith(SCRATCH + "/")]
-  paths += _preload_places(preload) + list(shown)
+  paths += _imported_places() + _preload_places(preload) + list(shown)
   library_path = os.environ.get("LD_LIBRARY_PATH", "")
   paths += [p for p in library_path.split(os.pathsep) if os.path.isabs(p)]
   paths += [os.path.realpath(p) for p in paths]
@@ -227,6 +230,8 @@ def _outermost(paths) -> list[str]:
   for path in sorted({os.path.normpath(p) for p in paths}):
     if path in _NEVER_BOUND + _SYSTEM_DIRS or path.startswith(_SYSTEM_PREFIXES):
       continue
+    if path == SCRATCH or path.startswith(SCRATCH + "/"):
+      continue  # the scratch tmpfs would hide it
     if not any(path.startswith(k.rstrip("/") + "/") for k in kept):
       kept.append(path)
   return kept

@@ -181,7 +181,7 @@ def test_scratch_dir_is_writable_and_removed_on_close(jail):
       assert box.call(os.getenv, "HOME") == scratch
       host_scratch = box._worker._scratch
       if jail:  # a tmpfs of the jail's own: nothing on the host's disk
-        assert scratch == "/tmp" and host_scratch is None
+        assert scratch == _jail.SCRATCH and host_scratch is None
       else:
         assert os.path.isdir(scratch) and scratch == host_scratch
   assert host_scratch is None or not os.path.exists(host_scratch)
