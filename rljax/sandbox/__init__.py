@@ -16,8 +16,9 @@ logged once as a warning). The boundary is the kernel's:
                  path's folders (not the working directory: only its
                  imported or preloaded modules), a fresh /proc of its own
                  pid namespace (no host process exists for it), a minimal
-                 /dev, and a private tmpfs /tmp (`scratch_bytes`) that is
-                 the scratch directory and the only writable place.
+                 /dev, a private read-only /tmp, and in it the scratch
+                 directory /tmp/scratch, a tmpfs of `scratch_bytes`: the
+                 only writable place (cwd, HOME, TMPDIR).
   unprivileged_uid  uid/gid 1000 of its user namespace, no capabilities
                  (no_capabilities), nested user namespaces disabled, even
                  when the trainer is root.

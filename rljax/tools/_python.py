@@ -57,8 +57,9 @@ class PythonExecutor:
 
   Each call is a fresh fork of the sandbox's worker, inside the kernel's
   boundary: user, pid, mount, network, ipc and uts namespaces with a
-  read-only view of the interpreter and its packages and a private /tmp as
-  the only writable place (emptied at the start of every call), Landlock,
+  read-only view of the interpreter and its packages and a private
+  scratch directory (a tmpfs in a read-only /tmp, the cwd) as the only
+  writable place (emptied at the start of every call), Landlock,
   a seccomp allow-list (no new process, no socket), CPU-time, memory,
   file-size and wall-clock limits, none of the host's environment
   variables, and an audit hook as defence in depth (the layers and the
