@@ -31,6 +31,7 @@ from rljax import envs
 from rljax import sandbox
 from rljax import tools
 from rljax.sandbox import _jail
+from rljax.sandbox import _seccomp
 
 SECRET_NAME = "RLJAX_ATTACK_SECRET"
 SECRET = "s3cr3t-7f2c9d"
@@ -59,39 +60,15 @@ def sc(nr, *args):
     raise OSError(e, os.strerror(e))
   return r
 """
-# System call numbers of x86_64 and aarch64 (the payloads pick theirs).
+# System call numbers of this machine (the tables are checked against the
+# kernel headers in kernel_test.py).
 NR = {
-  "x86_64": dict(
-    mknodat=259,
-    kill=62,
-    pidfd_send_signal=424,
-    pidfd_open=434,
-    setns=308,
-    socket=41,
-    connect=42,
-    ptrace=101,
-    unshare=272,
-    io_uring_setup=425,
-    process_vm_readv=310,
-    execve=59,
-    mount=165,
-  ),
-  "aarch64": dict(
-    mknodat=33,
-    kill=129,
-    pidfd_send_signal=424,
-    pidfd_open=434,
-    setns=268,
-    socket=198,
-    connect=203,
-    ptrace=117,
-    unshare=97,
-    io_uring_setup=425,
-    process_vm_readv=270,
-    execve=221,
-    mount=40,
-  ),
-}[os.uname().machine]
+  name: _seccomp.SYSCALLS[os.uname().machine][name]
+  for name in (
+    "mknodat kill pidfd_send_signal pidfd_open setns socket connect ptrace"
+    " unshare io_uring_setup process_vm_readv execve mount"
+  ).split()
+}
 
 
 class Host:
