@@ -50,6 +50,19 @@ def _on_actions(values_PGN, turn_ids_PGT, mask_PGT) -> jax.Array:
   return out * stats.f32(mask_PGT)
 
 
+def _with_step_advantages(
+  batch: Batch, a_traj_PG, a_step_PGN, coef, by: str
+) -> Batch:
+  """``advantages_PGT`` = A_traj on every action token + coef A_step on the
+  tokens of action k (THOR, PORTool)."""
+  mask = batch.loss_mask()
+  turn_ids = batch.get("turn_ids_PGT", by=by)
+  adv = a_traj_PG[..., None] * mask + coef * _on_actions(
+    a_step_PGN, turn_ids, mask
+  )
+  return batch._replace(advantages_PGT=adv)
+
+
 def _check_int(name: str, x: ArrayLike) -> None:
   if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
     raise ValueError(
@@ -394,12 +407,7 @@ def thor_advantages(
       step_groups_PGN=groups,
       eps=eps,
     )
-    mask = batch.loss_mask()
-    turn_ids = batch.get("turn_ids_PGT", by=by)
-    adv = a_traj[..., None] * mask + step_coef * _on_actions(
-      a_step, turn_ids, mask
-    )
-    return batch._replace(advantages_PGT=adv)
+    return _with_step_advantages(batch, a_traj, a_step, step_coef, by)
 
   return stateless_prepare(fn)
 

@@ -21,9 +21,9 @@ from rljax.transforms._advantages import _need_group
 from rljax.transforms._advantages import sequence_rewards
 from rljax.transforms._tooluse import _check_int
 from rljax.transforms._tooluse import _check_turns
-from rljax.transforms._tooluse import _on_actions
 from rljax.transforms._tooluse import _turn_array
 from rljax.transforms._tooluse import _valid
+from rljax.transforms._tooluse import _with_step_advantages
 from rljax.transforms._tooluse import thor_step_rewards_of
 from rljax.transforms._variants import correctness
 
@@ -231,9 +231,6 @@ def portool_advantages(
       normalize=normalize,
       eps=eps,
     )
-    mask = batch.loss_mask()
-    turn_ids = batch.get("turn_ids_PGT", by=by)
-    adv = a_traj[..., None] * mask + coef * _on_actions(a_fork, turn_ids, mask)
-    return batch._replace(advantages_PGT=adv)
+    return _with_step_advantages(batch, a_traj, a_fork, coef, by)
 
   return stateless_prepare(fn)
