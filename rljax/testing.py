@@ -1,7 +1,6 @@
 """Synthetic batches and models for tests, notebooks and benchmarks."""
 
 import functools
-import importlib.util
 import os
 
 from flax import nnx
@@ -25,16 +24,16 @@ def use_compilation_cache(directory: os.PathLike | str) -> None:
   options and the devices, so a changed program or toolchain misses: the
   cache cannot serve a stale program. Every program is kept (JAX's default
   keeps those that took a second or more), since most test programs compile
-  in less and the same ones recur across tests; the least recently used
-  entries go beyond 4 GiB (where `filelock` is installed, which JAX's
-  eviction needs). Settings already in the environment win.
+  in less and the same ones recur across tests. There is no size cap (JAX's
+  eviction reads every entry's size at every write: quadratic over a test
+  run's ten thousand programs); a full test run adds about 70 MB, and
+  deleting the directory is always safe. Settings already in the
+  environment win.
   """
   settings = {  # environment variable: (value, its type in jax.config)
     "JAX_COMPILATION_CACHE_DIR": (str(directory), str),
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": ("0", float),
   }
-  if importlib.util.find_spec("filelock") is not None:
-    settings["JAX_COMPILATION_CACHE_MAX_SIZE"] = (str(4 << 30), int)
   for name, (value, kind) in settings.items():
     value = os.environ.setdefault(name, value)  # subprocesses inherit it
     jax.config.update(name.lower(), kind(value))

@@ -1,6 +1,8 @@
 """The rollout engine against the static sampler, transformers, teacher-
 forced log-probs and numpy: continuous batching, paging, extend, fork."""
 
+import functools
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -22,14 +24,26 @@ def _engine(model, **kwargs):
   return sampling.Engine(model.config, **kwargs)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _dense_logprobs(graphdef, state, tokens_BS, temperature):
+  model = nnx.merge(graphdef, state)
+  return models.token_logprobs(
+    model, tokens_BS, temperature=temperature, schedule="dense"
+  )[0]
+
+
 def _teacher_forced(model, tokens, temperature=1.0):
-  """numpy log-probs of tokens[1:] given their prefix (one row)."""
-  logp, _ = jax.jit(
-    lambda t: models.token_logprobs(
-      model, t[None], temperature=temperature, schedule="dense"
-    )
-  )(jnp.asarray(tokens, jnp.int32))
-  return np.asarray(logp[0, 1:])
+  """numpy log-probs of tokens[1:] given their prefix (one row).
+
+  The row is right-padded to 64 tokens, so one program serves every length
+  (the model is causal: what follows a token does not change its log-prob).
+  """
+  n = len(tokens)
+  assert n <= 64, n
+  padded = np.zeros((1, 64), np.int32)
+  padded[0, :n] = tokens
+  logp = _dense_logprobs(*nnx.split(model), padded, temperature)
+  return np.asarray(logp[0, 1:n])
 
 
 def test_greedy_equals_static_sampler_and_transformers(hf_model, model):
