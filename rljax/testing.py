@@ -1,6 +1,8 @@
 """Synthetic batches and models for tests, notebooks and benchmarks."""
 
 import functools
+import importlib.util
+import os
 
 from flax import nnx
 import jax
@@ -11,6 +13,31 @@ from rljax._src.base import Batch
 from rljax._src.examples import random_batch  # noqa: F401 (re-exported)
 from rljax.models._config import ModelConfig
 from rljax.models._transformer import Transformer
+
+
+def use_compilation_cache(directory: os.PathLike | str) -> None:
+  """Keep every compiled program in `directory` (JAX's persistent
+  compilation cache), for this process and the processes it starts.
+
+  A test that compiles what an earlier test, a subprocess or an earlier run
+  compiled then loads it from disk instead. JAX keys each entry on the
+  program itself, the jax and jaxlib versions, the XLA flags, the compile
+  options and the devices, so a changed program or toolchain misses: the
+  cache cannot serve a stale program. Every program is kept (JAX's default
+  keeps those that took a second or more), since most test programs compile
+  in less and the same ones recur across tests; the least recently used
+  entries go beyond 4 GiB (where `filelock` is installed, which JAX's
+  eviction needs). Settings already in the environment win.
+  """
+  settings = {  # environment variable: (value, its type in jax.config)
+    "JAX_COMPILATION_CACHE_DIR": (str(directory), str),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": ("0", float),
+  }
+  if importlib.util.find_spec("filelock") is not None:
+    settings["JAX_COMPILATION_CACHE_MAX_SIZE"] = (str(4 << 30), int)
+  for name, (value, kind) in settings.items():
+    value = os.environ.setdefault(name, value)  # subprocesses inherit it
+    jax.config.update(name.lower(), kind(value))
 
 
 def perturbed_logp(batch: Batch, seed: int = 1, scale: float = 0.3):

@@ -63,23 +63,23 @@ from rljax.advantages._turns import turn_valid
 from rljax.advantages._turns import turns_to_tokens
 from rljax.advantages._variants import adora
 from rljax.advantages._variants import adora_length_classes
-from rljax.advantages._variants import answer_entropy
 from rljax.advantages._variants import aspo
-from rljax.advantages._variants import copo_global_advantages
-from rljax.advantages._variants import copo_weights
-from rljax.advantages._variants import distinct_fraction
 from rljax.advantages._variants import distinctiveness_mask
-from rljax.advantages._variants import grpo_lambda_mask
 from rljax.advantages._variants import hdpo
 from rljax.advantages._variants import hdpo_channels
-from rljax.advantages._variants import kimi_length_reward
-from rljax.advantages._variants import l_grpo_bonus
 from rljax.advantages._variants import pf_ppo_indices
 from rljax.advantages._variants import pf_ppo_weights
-from rljax.advantages._variants import polychromic
-from rljax.advantages._variants import seed_grpo
 from rljax.advantages._variants import soft_advantage
-from rljax.advantages._variants import top_groups
+from rljax.advantages._variants_answers import answer_entropy
+from rljax.advantages._variants_answers import copo_global_advantages
+from rljax.advantages._variants_answers import copo_weights
+from rljax.advantages._variants_answers import distinct_fraction
+from rljax.advantages._variants_answers import polychromic
+from rljax.advantages._variants_answers import seed_grpo
+from rljax.advantages._variants_length import grpo_lambda_mask
+from rljax.advantages._variants_length import kimi_length_reward
+from rljax.advantages._variants_length import l_grpo_bonus
+from rljax.advantages._variants_length import top_groups
 
 __all__ = [
   "ARES_TABLE",

@@ -51,64 +51,48 @@ placed on one local device): keep every array in `state` a global `jax.Array`
 or a numpy/Python value.
 """
 
-from collections.abc import Callable, Iterator, Mapping
-import concurrent.futures
-import dataclasses
+from collections.abc import Callable, Mapping
 import errno
-import hashlib
-import json
 import logging
 import os
-import re
 import shutil
-import tempfile
 import time
 from typing import Any, NamedTuple, Optional
 
 from etils import epath
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from rljax._src import checks
 from rljax._src.errors import CheckpointError
 from rljax.checkpointing import _json
-from rljax.checkpointing import _keys
+from rljax.checkpointing._checksums import _CHECKSUMS
+from rljax.checkpointing._checksums import _verify
+from rljax.checkpointing._checksums import _write_manifest
+from rljax.checkpointing._errors import _NO_SPACE
+from rljax.checkpointing._errors import _chain
+from rljax.checkpointing._errors import _Damaged
+from rljax.checkpointing._errors import _one_line
+from rljax.checkpointing._errors import _probe
+from rljax.checkpointing._errors import _storage_cause
+from rljax.checkpointing._errors import _unless_damaged
+from rljax.checkpointing._steps import _COMMITTED
+from rljax.checkpointing._steps import _STEP_NAME
+from rljax.checkpointing._steps import _TMP_SUFFIX
+from rljax.checkpointing._steps import _TREE_METADATA
+from rljax.checkpointing._steps import _committed
+from rljax.checkpointing._steps import _CommittedSteps
+from rljax.checkpointing._tree import _abstract
+from rljax.checkpointing._tree import _check_structure
+from rljax.checkpointing._tree import _storable
+from rljax.checkpointing._tree import _unstorable
 
 PyTree = Any
 _policies = ocp.checkpoint_managers
 _log = logging.getLogger("rljax")
 
-_CHECKSUMS = "rljax_checksums.json"
-_COMMITTED = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # orbax's commit marker
-_TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX
 # How long opening a directory waits for a failed save's writers to finish.
 _TMP_CLEANUP_S = 30.0
-# Step-level files orbax writes after the checksums (commit time and marker).
-_UNHASHED = frozenset({_CHECKSUMS, _COMMITTED, "_CHECKPOINT_METADATA"})
-_TREE_METADATA = "_METADATA"  # orbax's pytree metadata file in ``state/``
-_STEP_NAME = re.compile(r"0|[1-9][0-9]*")
-_CHUNK = 1 << 20
-# Errors of the storage, not of rljax: the user can fix them.
-_STORAGE_ERRNOS = frozenset(
-  {
-    errno.ENOSPC,
-    errno.EDQUOT,
-    errno.EROFS,
-    errno.EACCES,
-    errno.EPERM,
-    errno.EIO,
-  }
-)
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-# OS errors on reading a checkpoint that mean damage (not, say, EACCES).
-_LOST = frozenset({errno.ENOENT, errno.EIO, errno.ENOTDIR, errno.EISDIR})
-# How tensorstore reports an OS error and a damaged or missing file.
-_TS_OS_ERROR = re.compile(r"os_error_code='?([0-9]+)")
-_TS_DAMAGE = re.compile(
-  r"(DATA_LOSS|NOT_FOUND|OUT_OF_RANGE|FAILED_PRECONDITION): "
-)
-_TS_DETAILS = re.compile(r"\s*\[(tensorstore_spec|source locations)=.*", re.S)
 
 
 class Restored(NamedTuple):
@@ -133,37 +117,6 @@ class Restored(NamedTuple):
   data_state: Optional[Any]
   metadata: Optional[dict]
   skipped: tuple[tuple[int, str], ...] = ()
-
-
-class _Damaged(Exception):
-  """A step directory that cannot be restored; `reason` is one line."""
-
-  def __init__(self, reason: str):
-    super().__init__(reason)
-    self.reason = reason
-
-
-@dataclasses.dataclass(frozen=True)
-class _CommittedSteps(ocp.step.NameFormat):
-  """orbax's standard step names, counting only committed step directories.
-
-  orbax lists every directory named like a step, so a stray ``mkdir 7`` would
-  be the latest step (blocking saves up to 7 and counting against keep-N).
-  """
-
-  base: Any = dataclasses.field(default_factory=ocp.step.standard_name_format)
-
-  def build_name(self, step: int) -> str:
-    return self.base.build_name(step)
-
-  def find_all(self, base_path: epath.PathLike) -> Iterator[Any]:
-    return (m for m in self.base.find_all(base_path) if _committed(m.path))
-
-  def find_step(self, base_path: epath.PathLike, step: int) -> Any:
-    found = self.base.find_step(base_path, step)
-    if not _committed(found.path):
-      raise ValueError(f"{found.path} is not a committed checkpoint.")
-    return found
 
 
 class Checkpointer:
@@ -407,16 +360,7 @@ class Checkpointer:
     final = self._step_dir(self._saving)
     tmp = final.parent / (final.name + _TMP_SUFFIX)
     root = tmp if tmp.exists() else final  # GCS: orbax writes in place
-    files = _files(root)
-    digests = _digests(files)
-    manifest = {
-      "algorithm": "sha256",
-      "files": {
-        rel: [path.stat().length, digests[rel]]
-        for rel, path in sorted(files.items())
-      },
-    }
-    (root / _CHECKSUMS).write_text(json.dumps(manifest, indent=1))
+    _write_manifest(root)
 
   def latest_step(self) -> Optional[int]:
     """The largest step of a committed checkpoint, or None if there is none.
@@ -699,250 +643,3 @@ class Checkpointer:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
-
-
-def _probe(directory: str) -> None:
-  """Create `directory` and a file in it, or raise a one-line CheckpointError.
-
-  The file gets a few KiB (flushed to disk), so a full disk fails here too.
-  """
-  try:
-    os.makedirs(directory, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".rljax-write-probe-", dir=directory)
-    try:
-      os.write(fd, b"\0" * 4096)
-      os.fsync(fd)
-    finally:
-      os.close(fd)
-      os.unlink(name)
-  except OSError as e:
-    fix = (
-      "free space on that disk or set output.checkpoint_directory to one "
-      "with room"
-      if e.errno in _NO_SPACE
-      else "set output.checkpoint_directory to a writable directory"
-    )
-    where = f" ({e.filename})" if e.filename and e.filename != directory else ""
-    raise CheckpointError(
-      f"Cannot write checkpoints to {directory}: {e.strerror or e}{where}; "
-      f"{fix}."
-    ) from e
-
-
-def _committed(path: epath.Path) -> bool:
-  """Whether orbax finished and committed the step directory `path`."""
-  return (path / _COMMITTED).exists()
-
-
-def _files(root: epath.Path) -> dict[str, epath.Path]:
-  """The files under `root` that the checksums cover, by relative path."""
-  files = {}
-  for folder, _, names in root.walk():
-    for name in names:
-      path = folder / name
-      rel = path.relative_to(root).as_posix()
-      if rel not in _UNHASHED:
-        files[rel] = path
-  return files
-
-
-def _sha256(path: epath.Path) -> str:
-  digest = hashlib.sha256()
-  with path.open("rb") as f:
-    while chunk := f.read(_CHUNK):
-      digest.update(chunk)
-  return digest.hexdigest()
-
-
-def _digests(files: Mapping[str, epath.Path]) -> dict[str, str]:
-  """SHA-256 of each file, several at a time (hashlib releases the GIL)."""
-  workers = max(1, min(8, os.cpu_count() or 1, len(files)))
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    return dict(zip(files, pool.map(_sha256, files.values())))
-
-
-def _verify(path: epath.Path, unread: tuple[str, ...] = ()) -> bool:
-  """Check the step's files against its checksums; False if it has none.
-
-  Files of the items named in `unread` are not checked.
-
-  Raises:
-    _Damaged: a file is missing, has another size or another checksum, or
-      the manifest is unreadable.
-  """
-  manifest = path / _CHECKSUMS
-  if not manifest.exists():
-    return False
-  try:
-    saved = json.loads(manifest.read_text())["files"]
-    expected = {
-      rel: (int(size), str(sha))
-      for rel, (size, sha) in saved.items()
-      if rel.split("/")[0] not in unread
-    }
-  except (ValueError, KeyError, TypeError, AttributeError) as e:
-    raise _Damaged(f"its {_CHECKSUMS} is unreadable ({e})") from e
-  try:
-    for rel, (size, _) in sorted(expected.items()):
-      if not (path / rel).exists():
-        item = path / rel.split("/")[0]
-        if "/" in rel and not item.exists():
-          raise _Damaged(f"its {item.name!r} item is missing ({item})")
-        raise _Damaged(f"{rel} is missing")
-      found = (path / rel).stat().length
-      if found != size:
-        raise _Damaged(f"{rel} has {found} bytes, {size} were saved")
-    digests = _digests({rel: path / rel for rel in expected})
-  except OSError as e:
-    if e.errno not in _LOST:
-      raise
-    raise _Damaged(_one_line(f"a file cannot be read: {e}")) from e
-  for rel in sorted(expected):
-    if digests[rel] != expected[rel][1]:
-      raise _Damaged(
-        f"checksum mismatch in {rel} (its bytes changed after the save)"
-      )
-  return True
-
-
-def _chain(error: BaseException) -> Iterator[BaseException]:
-  """`error` and its causes."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    yield error
-    error = error.__cause__ or error.__context__
-
-
-def _unless_damaged(read):
-  """read(), with a storage read error (damage) raised as `_Damaged`."""
-  try:
-    return read()
-  except Exception as e:
-    reason = _damage_reason(e)
-    if reason is None:
-      raise
-    raise _Damaged(reason) from e
-
-
-def _damage_reason(error: BaseException) -> Optional[str]:
-  """One line on a damaged or missing file that `error` reports, or None."""
-  for e in _chain(error):
-    if isinstance(e, json.JSONDecodeError | UnicodeDecodeError):
-      return _one_line(f"a JSON file of it is not valid JSON ({e})")
-    if isinstance(e, OSError) and e.errno in _LOST:
-      return _one_line(str(e))
-    if isinstance(e, ValueError) and _TS_DAMAGE.match(str(e)):
-      return _one_line(_TS_DETAILS.sub("", str(e)))
-  return None
-
-
-def _storage_cause(error: BaseException) -> Optional[tuple[int, str]]:
-  """(errno, its text) of a storage error (no space, ...) in `error`."""
-  for e in _chain(error):
-    code = e.errno if isinstance(e, OSError) else None
-    if code is None and (found := _TS_OS_ERROR.search(str(e))):
-      code = int(found.group(1))
-    if code in _STORAGE_ERRNOS:
-      return code, os.strerror(code)
-  return None
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-  text = " ".join(text.split())
-  return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _storable(tree: PyTree) -> PyTree:
-  """What orbax can store: typed keys as key data, numpy scalars as arrays."""
-  return jax.tree.map(
-    lambda x: np.asarray(x) if isinstance(x, np.generic) else x,
-    _keys.keys_to_data(tree),
-  )
-
-
-def _unstorable(tree: PyTree, like: PyTree) -> PyTree:
-  """Invert `_storable` where `like` has typed keys or numpy scalars."""
-  return jax.tree.map(
-    lambda x, ref: (
-      np.asarray(x, ref.dtype)[()] if isinstance(ref, np.generic) else x
-    ),
-    _keys.data_to_keys(tree, like),
-    like,
-  )
-
-
-def _abstract(x: Any) -> Any:
-  """A restore target for one leaf: arrays become ShapeDtypeStructs."""
-  if isinstance(x, jax.Array):
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-  return x
-
-
-def _check_structure(saved: PyTree, target: PyTree, where: str) -> None:
-  """Raise at the first key path where the trees differ.
-
-  Raises:
-    CheckpointError: a leaf is in one tree only or has another shape (the
-      model or algorithm changed since the checkpoint of `where`).
-    ValueError: a ShapeDtypeStruct of `target` has no sharding.
-  """
-  saved_leaves = _paths(saved)
-  target_leaves = _paths(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
-  for path in sorted(set(saved_leaves) | set(target_leaves), key=_order):
-    if path not in target_leaves:
-      _mismatch(path, "is in the checkpoint but not in abstract_state", where)
-    if path not in saved_leaves:
-      _mismatch(path, "is in abstract_state but not in the checkpoint", where)
-    _check_leaf(path, saved_leaves[path], target_leaves[path], where)
-
-
-def _check_leaf(path: tuple, saved: Any, target: Any, where: str) -> None:
-  """Raise when a leaf's saved shape differs or its sharding is missing."""
-  saved_shape = getattr(saved, "shape", None)
-  shape = getattr(target, "shape", None)
-  if None not in (saved_shape, shape) and tuple(saved_shape) != tuple(shape):
-    _mismatch(
-      path,
-      f"has shape {tuple(saved_shape)} in the checkpoint but {tuple(shape)} "
-      "in abstract_state",
-      where,
-    )
-  if isinstance(target, jax.ShapeDtypeStruct) and target.sharding is None:
-    raise ValueError(
-      f"abstract_state key path {_path_name(path)} is a ShapeDtypeStruct "
-      "without a sharding; give it sharding=... (or pass a concrete array)."
-    )
-
-
-def _paths(tree: PyTree) -> dict[tuple, Any]:
-  """Leaves by key path (a tuple of str/int keys)."""
-  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-  return {tuple(_key_name(k) for k in path): leaf for path, leaf in leaves}
-
-
-def _key_name(key: Any) -> Any:
-  """The dict key, sequence index or attribute name of a key-path entry."""
-  for attr in ("key", "idx", "name"):
-    if hasattr(key, attr):
-      return getattr(key, attr)
-  return str(key)
-
-
-def _order(path: tuple) -> tuple:
-  """Sort key: jax's flattening order (ints and strs apart)."""
-  return tuple((isinstance(k, str), k) for k in path)
-
-
-def _path_name(path: tuple) -> str:
-  return "".join(f"[{k!r}]" for k in path)
-
-
-def _mismatch(path: tuple, what: str, where: str) -> None:
-  """Raise the structure-mismatch error for `path`."""
-  raise CheckpointError(
-    f"abstract_state does not match the checkpoint of {where}: key path "
-    f"{_path_name(path)} {what}. The run's model or algorithm changed since "
-    "this checkpoint: resume with the config it was saved with, or start "
-    "over with --fresh."
-  )

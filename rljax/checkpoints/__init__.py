@@ -2,13 +2,13 @@
 
 from rljax.checkpoints._gguf import load_gguf
 from rljax.checkpoints._gguf import read_gguf
-from rljax.checkpoints._hf import config_from_hf
-from rljax.checkpoints._hf import hf_config
-from rljax.checkpoints._hf import hf_tensors
 from rljax.checkpoints._hf import load_hf
-from rljax.checkpoints._hf import load_hf_tensors
 from rljax.checkpoints._hf import model_from_tensors
 from rljax.checkpoints._hf import save_hf
+from rljax.checkpoints._hf_config import config_from_hf
+from rljax.checkpoints._hf_config import hf_config
+from rljax.checkpoints._hf_tensors import hf_tensors
+from rljax.checkpoints._hf_tensors import load_hf_tensors
 
 __all__ = [
   "config_from_hf",

@@ -21,12 +21,12 @@ import gguf
 import numpy as np
 
 from rljax._src.errors import CheckpointError
-from rljax.checkpoints._hf import CheckpointNotFoundError
-from rljax.checkpoints._hf import MissingTensorError
-from rljax.checkpoints._hf import _config_from_hf
 from rljax.checkpoints._hf import _model
-from rljax.checkpoints._hf import _Where
-from rljax.checkpoints._hf import count_nonfinite
+from rljax.checkpoints._hf_config import _config_from_hf
+from rljax.checkpoints._hf_errors import CheckpointNotFoundError
+from rljax.checkpoints._hf_errors import MissingTensorError
+from rljax.checkpoints._hf_tensors import _Where
+from rljax.checkpoints._hf_tensors import count_nonfinite
 from rljax.models._transformer import Transformer
 
 _FIX = "Re-download the GGUF file or convert it again."

@@ -130,8 +130,7 @@ def rec(
     logp_BT, old_logp_BT, adv_BT, mask_BT: see `rljax.losses.ppo_clip`.
     clip_mode: one of ``none``, ``one_side``, ``two_side``, ``ring``.
     weight: one of ``none``, ``importance_sampling``, ``advantage``.
-    regularizer: one of ``none``, ``k2`` (REP-OPMD), ``forward_kl``
-      (REP-AsymRE).
+    regularizer: ``none``, ``k2`` (REP-OPMD) or ``forward_kl`` (REP-AsymRE).
     coef: regulariser coefficient c (>= 0).
     eps_low: lower range, in (0, 1].
     eps_high: upper range (> 0).
@@ -164,20 +163,32 @@ def rec(
   keep = _rec_in_range(
     r, x.adv, clip_mode, eps_low, eps_high, eps_low_ring, eps_high_ring
   )
-  adv = x.adv
+  loss = -_rec_weighted(x.adv, r, weight, temperature) * x.logp
+  loss = _rec_regularized(loss * stats.f32(keep), d, x.logp, regularizer, coef)
+  return TokenLoss(loss, *_rec_dropped(x.valid & ~keep, r))
+
+
+def _rec_weighted(adv, r, weight, temperature):
+  """A w: w = 1, the detached ratio r, or RED-Weight's exp(A / T)."""
   if weight == "importance_sampling":
-    adv = adv * r
-  elif weight == "advantage":
-    adv = adv * jnp.exp(x.adv / temperature)
-  loss = -adv * x.logp * stats.f32(keep)
+    return adv * r
+  if weight == "advantage":
+    return adv * jnp.exp(adv / temperature)
+  return adv
+
+
+def _rec_regularized(loss, d, logp, regularizer, coef):
+  """`loss` plus REP's c d^2 (k2) or - c logp (forward_kl)."""
   if regularizer == "k2":
-    loss = loss + coef * jnp.square(d)
-  elif regularizer == "forward_kl":
-    loss = loss - coef * x.logp
-  dropped = x.valid & ~keep
-  return TokenLoss(
-    loss, stats.f32(dropped & (r <= 1.0)), stats.f32(dropped & (r > 1.0))
-  )
+    return loss + coef * jnp.square(d)
+  if regularizer == "forward_kl":
+    return loss - coef * logp
+  return loss
+
+
+def _rec_dropped(dropped, r):
+  """clip_low / clip_high: the masked-out tokens with r <= 1 / r > 1."""
+  return stats.f32(dropped & (r <= 1.0)), stats.f32(dropped & (r > 1.0))
 
 
 # --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ H query heads, N key/value heads, K head dim, F MLP width, V vocabulary.
 Padding: ``attention_mask_BS`` is 1 on real tokens and 0 on padding (prompts
 are left-padded). Padding keys are never attended to, and positions count
 real tokens only, so a padded row computes exactly what it would alone.
+Who attends to whom, and the caches' reads and writes, are `_attention`'s.
 """
 
 import math
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 import numpy as np
 
+from rljax.models import _attention
 from rljax.models import _lora
 from rljax.models import _moe
 from rljax.models import _window
@@ -205,11 +207,6 @@ def _norm(config: ModelConfig, x: jax.Array, weight: jax.Array) -> jax.Array:
   return rms_norm(x, weight, config.rms_norm_eps, config.norm_offset)
 
 
-def softcap(x: jax.Array, cap: Optional[float]) -> jax.Array:
-  """``cap * tanh(x / cap)`` (Gemma 2's soft-capping); x when cap is None."""
-  return x if cap is None else cap * jnp.tanh(x / cap)
-
-
 def _param(rngs, shape, axes, dtype, init=None) -> nnx.Param:
   init = init or jax.nn.initializers.normal(0.02)
   return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
@@ -279,125 +276,8 @@ class Layers(nnx.Module):
     self.down_proj = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
 
 
-def _part_scores(q_BSNGK, part_PTNK) -> jax.Array:
-  """[B, N, G, S, T] scores against one key part. A part of P < B rows is
-  shared: row p serves query rows [p B/P, (p + 1) B/P), by broadcasting
-  in the einsum (never copied B/P times)."""
-  b, p = q_BSNGK.shape[0], part_PTNK.shape[0]
-  if p == b:
-    return jnp.einsum("bsngk,btnk->bngst", q_BSNGK, part_PTNK)
-  q = q_BSNGK.reshape(p, b // p, *q_BSNGK.shape[1:])
-  scores = jnp.einsum("pcsngk,ptnk->pcngst", q, part_PTNK)
-  return scores.reshape(b, *scores.shape[2:])
-
-
-def _part_values(probs_BNGST, part_PTNK) -> jax.Array:
-  """[B, S, N, G, K] the probability-weighted values of one part (a part
-  of P < B rows is shared, as in `_part_scores`)."""
-  b, p = probs_BNGST.shape[0], part_PTNK.shape[0]
-  if p == b:
-    return jnp.einsum("bngst,btnk->bsngk", probs_BNGST, part_PTNK)
-  probs = probs_BNGST.reshape(p, b // p, *probs_BNGST.shape[1:])
-  out = jnp.einsum("pcngst,ptnk->pcsngk", probs, part_PTNK)
-  return out.reshape(b, *out.shape[2:])
-
-
-def _attention(
-  q_BSHK, k_BTNK, v_BTNK, allowed_BST, scale=None, cap=None
-) -> jax.Array:
-  """Grouped-query attention; softmax in float32.
-
-  Scores are q.k times `scale` (1 / sqrt(K) when None), then soft-capped
-  at `cap` when it is set (Gemma 2).
-
-  Keys and values may come in parts (a tuple, e.g. a paged cache's view
-  and the new tokens): one softmax over all parts, without concatenating
-  them. A part with fewer rows than the queries is shared by consecutive
-  query rows (a prompt's keys for its G completions, Prefix Grouper).
-  """
-  ks = k_BTNK if isinstance(k_BTNK, tuple) else (k_BTNK,)
-  vs = v_BTNK if isinstance(v_BTNK, tuple) else (v_BTNK,)
-  b, s, h, k = q_BSHK.shape
-  n = ks[0].shape[2]
-  q = q_BSHK.reshape(b, s, n, h // n, k)
-  scores = jnp.concatenate(
-    [_part_scores(q, part) for part in ks], axis=-1
-  ).astype(jnp.float32)
-  scores = scores / math.sqrt(k) if scale is None else scores * scale
-  scores = softcap(scores, cap)
-  scores = jnp.where(
-    allowed_BST[:, None, None], scores, jnp.finfo(jnp.float32).min
-  )
-  probs = jax.nn.softmax(scores, axis=-1).astype(vs[0].dtype)
-  bounds = np.cumsum([0] + [part.shape[1] for part in vs])
-  out = sum(
-    _part_values(probs[..., lo:hi], part)
-    for lo, hi, part in zip(bounds[:-1], bounds[1:], vs)
-  )
-  return out.reshape(b, s, h, k)
-
-
-def _dense_io(slots):
-  """Write new keys / values at cache slots [slots, slots + S) of every row,
-  then read the layer's whole cache back."""
-
-  def io(i, k_all, v_all, k, v):
-    """(k, v to attend, updated k_all, v_all, None)."""
-    start = (i, 0, slots, 0, 0)
-    k_all = jax.lax.dynamic_update_slice(
-      k_all, k.astype(k_all.dtype)[None], start
-    )
-    v_all = jax.lax.dynamic_update_slice(
-      v_all, v.astype(v_all.dtype)[None], start
-    )
-    k = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False)
-    v = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False)
-    return k, v, k_all, v_all, None
-
-  return io
-
-
-def _shard_ids(rows: int, d: int) -> jax.Array:
-  """[rows, 1] the pool shard of each row: rows ``[d B/D, (d + 1) B/D)``
-  use shard d. An iota, so XLA's partitioner sees the shard axis as
-  parallel and each device touches its own pages."""
-  return (jnp.arange(rows) // (rows // d))[:, None]
-
-
-def _paged_io(pages_BM):
-  """Read each row's cached keys / values from its pages as a logical
-  [B, M * page_size, N, K] view and put the new ones after it; the new ones
-  are returned to be written into the pages after the last layer.
-
-  Reading before writing keeps the pool read-only inside the layer scan.
-  Gathers and scatters index the shard, page and offset axes directly
-  (a `jax.vmap` over the shard axis made XLA copy the whole pool at every
-  write on CPU).
-  """
-
-  def io(i, k_all, v_all, k, v):
-    shard = _shard_ids(pages_BM.shape[0], k_all.shape[1])
-
-    def read(x_all):
-      x = x_all.at[i, shard, pages_BM].get(mode="promise_in_bounds")
-      return x.reshape(x.shape[0], -1, *x.shape[3:])  # [B, M * size, N, K]
-
-    new = (k.astype(k_all.dtype), v.astype(v_all.dtype))
-    return (read(k_all), new[0]), (read(v_all), new[1]), k_all, v_all, new
-
-  return io
-
-
-def _write_pages(pool, new_LBSNK, page_BS, offset_BS):
-  """Scatter every layer's new keys (or values) into their pages, in place."""
-  shard = _shard_ids(page_BS.shape[0], pool.shape[1])
-  return pool.at[:, shard, page_BS, offset_BS].set(
-    new_LBSNK, mode="promise_in_bounds"
-  )
-
-
 def _cast(x, dtype):
-  """An array, or a tuple of parts (`_attention`), cast to `dtype`."""
+  """An array, or a tuple of parts (`_attention.attention`), cast to `dtype`."""
   if isinstance(x, tuple):
     return tuple(part.astype(dtype) for part in x)
   return x.astype(dtype)
@@ -462,7 +342,7 @@ def _layer(
 
   def attend(k, v, mask):
     cap = c.attn_logit_softcap
-    return _attention(q, _cast(k, dt), _cast(v, dt), mask, scale, cap)
+    return _attention.attention(q, _cast(k, dt), _cast(v, dt), mask, scale, cap)
 
   new = None
   if isinstance(io, _window.Windowed):
@@ -530,15 +410,11 @@ def _check_segments(segment_ids_BS, tokens, cache, prefix) -> jax.Array:
   return segments
 
 
-def _shared_rows(prefix_mask_PS: jax.Array, rows: int) -> jax.Array:
-  """[B, S] the prefix mask seen by each of `rows` query rows."""
-  return jnp.repeat(prefix_mask_PS, rows // prefix_mask_PS.shape[0], axis=0)
-
-
 def _positions_after(prefix_mask_PS, mask_BS) -> jax.Array:
   """Positions continuing after each row's prefix (real tokens only): what
   `positions_from_mask` gives on the concatenated row."""
-  before = jnp.sum(_shared_rows(prefix_mask_PS, mask_BS.shape[0]), axis=1)
+  rows = mask_BS.shape[0]
+  before = jnp.sum(_attention.shared_rows(prefix_mask_PS, rows), axis=1)
   return jnp.maximum(before[:, None] + jnp.cumsum(mask_BS, axis=1) - 1, 0)
 
 
@@ -571,6 +447,65 @@ def _check_auto_mesh(tokens: jax.Array) -> None:
       " mesh with rljax.sharding.make_mesh, or jax.make_mesh(...,"
       " axis_types=(AxisType.Auto,) * n)."
     )
+
+
+def _inputs(
+  config,
+  tokens_BS,
+  attention_mask_BS,
+  *,
+  positions_BS,
+  cache,
+  prefix,
+  segment_ids_BS,
+  routing_LBSK,
+  return_routing,
+):
+  """A forward's checked inputs: (int tokens, the int32 mask, the segment
+  ids or None, the positions: given, or those the mode implies)."""
+  tokens = jnp.asarray(tokens_BS)
+  _check_auto_mesh(tokens)
+  b, s = tokens.shape
+  _check_routing(config, routing_LBSK, return_routing, (b, s))
+  if prefix is not None:
+    _check_prefix(prefix, cache, b)
+  mask = (
+    jnp.ones((b, s), jnp.int32)
+    if attention_mask_BS is None
+    else jnp.asarray(attention_mask_BS, jnp.int32)
+  )
+  segments = None
+  if segment_ids_BS is not None:
+    segments = _check_segments(segment_ids_BS, tokens, cache, prefix)
+    mask = mask * (segments > 0)
+    if positions_BS is None:
+      positions_BS = positions_from_segments(segments)
+  paged = isinstance(cache, PagedCache)
+  if positions_BS is None and prefix is not None:
+    positions_BS = _positions_after(prefix.mask, mask)
+  if positions_BS is None and paged:
+    positions_BS = cache.lengths_B[:, None] + jnp.arange(s)[None]
+  if positions_BS is None:
+    if cache is not None:
+      raise ValueError("pass positions_BS when decoding with a cache.")
+    positions_BS = positions_from_mask(mask)
+  return tokens, mask, segments, positions_BS
+
+
+def _updated_cache(cache, view, kvs, new, mask):
+  """The cache after a forward: paged, the new keys / values written into
+  their pages and the lengths advanced; dense, the scanned buffers."""
+  if isinstance(cache, PagedCache):
+    offset_BS = view.slot_BS % cache.k.shape[3]
+    k_all, v_all = (
+      _attention.write_pages(pool, n, view.page_BS, offset_BS)
+      for pool, n in zip(kvs, new)
+    )
+    lengths = cache.lengths_B + jnp.sum(mask, axis=1)
+    return PagedCache(k_all, v_all, cache.pages_BM, lengths)
+  if cache is not None:
+    return KVCache(kvs[0], kvs[1], view.key_mask, *kvs[2:])
+  return cache
 
 
 class Transformer(nnx.Module):
@@ -638,103 +573,52 @@ class Transformer(nnx.Module):
     loss or to be replayed.
     """
     c = self.config
-    tokens = jnp.asarray(tokens_BS)
-    _check_auto_mesh(tokens)
-    b, s = tokens.shape
-    _check_routing(c, routing_LBSK, return_routing, (b, s))
-    if prefix is not None:
-      _check_prefix(prefix, cache, b)
-    mask = (
-      jnp.ones((b, s), jnp.int32)
-      if attention_mask_BS is None
-      else jnp.asarray(attention_mask_BS, jnp.int32)
+    tokens, mask, segments, positions_BS = _inputs(
+      c,
+      tokens_BS,
+      attention_mask_BS,
+      positions_BS=positions_BS,
+      cache=cache,
+      prefix=prefix,
+      segment_ids_BS=segment_ids_BS,
+      routing_LBSK=routing_LBSK,
+      return_routing=return_routing,
     )
-    segments = None
-    if segment_ids_BS is not None:
-      segments = _check_segments(segment_ids_BS, tokens, cache, prefix)
-      mask = mask * (segments > 0)
-      if positions_BS is None:
-        positions_BS = positions_from_segments(segments)
-    paged = isinstance(cache, PagedCache)
-    if positions_BS is None and prefix is not None:
-      positions_BS = _positions_after(prefix.mask, mask)
-    if positions_BS is None and paged:
-      positions_BS = cache.lengths_B[:, None] + jnp.arange(s)[None]
-    if positions_BS is None:
-      if cache is not None:
-        raise ValueError("pass positions_BS when decoding with a cache.")
-      positions_BS = positions_from_mask(mask)
+    x = self._embed(tokens)
+    view = _attention.attention_view(
+      c,
+      mask,
+      segments,
+      cache,
+      cache_index,
+      prefix,
+      paged=isinstance(cache, PagedCache),
+      windowed=isinstance(cache, KVCache) and cache.k_local is not None,
+    )
+    x, kvs, new, routing = self._scan_layers(
+      x, positions_BS, view, cache, prefix, routing_LBSK
+    )
+    x = _norm(c, x, self.final_norm[...])
+    cache = _updated_cache(cache, view, kvs, new, mask)
+    if return_routing:
+      return x, cache, routing
+    return x, cache
+
+  def _embed(self, tokens: jax.Array) -> jax.Array:
+    """[B, S, D] token embeddings in the compute dtype (scaled for Gemma)."""
+    c = self.config
     x = self.embed[...].astype(c.dtype)[tokens]
     if c.embed_scale:
       # HF rounds sqrt(D) to the weights' dtype (Gemma's normalizer).
       scale = jnp.asarray(math.sqrt(c.hidden_size), c.param_dtype)
       x = x * scale.astype(c.dtype)
-    if paged:
-      # Logical slot of each new token; padding goes to scratch page 0.
-      size = cache.k.shape[3]
-      slot_BS = cache.lengths_B[:, None] + jnp.arange(s)[None]
-      block = jnp.minimum(slot_BS // size, cache.pages_BM.shape[1] - 1)
-      page_BS = jnp.where(
-        mask > 0, jnp.take_along_axis(cache.pages_BM, block, axis=1), 0
-      )
-      io = _paged_io(cache.pages_BM)
-      # Cached keys before the row's length, then the new ones causally.
-      key_slots = jnp.arange(cache.pages_BM.shape[1] * size)
-      cached = key_slots[None, None, :] < cache.lengths_B[:, None, None]
-      causal = jnp.arange(s)[None, :] <= jnp.arange(s)[:, None]
-      fresh = causal[None] & (mask[:, None, :] > 0)
-      allowed = jnp.concatenate(
-        [jnp.broadcast_to(cached, (b, s, key_slots.size)), fresh], axis=-1
-      )
-    elif cache is None:
-      key_mask, query_slots, key_slots = mask, jnp.arange(s), jnp.arange(s)
-    else:
-      key_mask = jax.lax.dynamic_update_slice(
-        cache.mask, mask, (0, cache_index)
-      )
-      query_slots = cache_index + jnp.arange(s)
-      key_slots = jnp.arange(cache.mask.shape[1])
-    if not paged:
-      causal = key_slots[None, :] <= query_slots[:, None]  # [S, S_keys]
-      allowed = causal[None] & (key_mask[:, None, :] > 0)
-      if segments is not None:
-        allowed = allowed & (segments[:, :, None] == segments[:, None, :])
-      io = _dense_io(cache_index)
-    if paged:
-      q_slots = slot_BS
-      k_slots = jnp.concatenate(
-        [jnp.broadcast_to(key_slots, (b, key_slots.size)), slot_BS], axis=1
-      )
-    else:
-      q_slots, k_slots = query_slots[None], key_slots[None]
-    if prefix is not None:
-      shared = _shared_rows(prefix.mask, b)[:, None, :] > 0
-      shared = jnp.broadcast_to(shared, (b, s, shared.shape[-1]))
-      allowed = jnp.concatenate([shared, allowed], axis=-1)
-      # The new tokens continue the prefix's slots (its real tokens end at
-      # its last slot: prompts are left-padded).
-      width = prefix.mask.shape[1]
-      q_slots = q_slots + width
-      k_slots = jnp.concatenate([jnp.arange(width)[None], k_slots + width], 1)
-    allowed_local = None
-    if any(c.sliding_layers):
-      allowed_local = allowed & _window.within_window(
-        q_slots, k_slots, c.sliding_window
-      )
-    windowed = isinstance(cache, KVCache) and cache.k_local is not None
-    if windowed:
-      ring = _window.ring_masks(
-        cache.mask, mask, cache_index, cache.k_local.shape[2]
-      )
-      io = _window.Windowed(
-        _window.windowed_io(
-          _dense_io(cache_index),
-          cache_index,
-          allowed,
-          ring,
-          all(c.sliding_layers),
-        )
-      )
+    return x
+
+  def _scan_layers(self, x, positions_BS, view, cache, prefix, routing_LBSK):
+    """Every layer over `x` in one `lax.scan`: (x, the caches' key / value
+    buffers, each layer's new keys / values to store, the routing)."""
+    c = self.config
+    allowed, allowed_local, io, windowed = view[:4]
     # Every stacked variable: weights, adapters and their scales (`_lora`).
     weights = {
       k: v[...]
@@ -773,19 +657,7 @@ class Transformer(nnx.Module):
       (weights, layer_ids, shared, replay, *per_layer),
       unroll=c.scan_unroll,
     )
-    x = _norm(c, x, self.final_norm[...])
-    if paged:
-      offset_BS = slot_BS % size
-      k_all, v_all = (
-        _write_pages(pool, n, page_BS, offset_BS) for pool, n in zip(kvs, new)
-      )
-      lengths = cache.lengths_B + jnp.sum(mask, axis=1)
-      cache = PagedCache(k_all, v_all, cache.pages_BM, lengths)
-    elif cache is not None:
-      cache = KVCache(kvs[0], kvs[1], key_mask, *kvs[2:])
-    if return_routing:
-      return x, cache, routing
-    return x, cache
+    return x, kvs, new, routing
 
   def logits(self, hidden_BSD: jax.Array) -> jax.Array:
     """float32 logits [B, S, V] from hidden states (soft-capped when
@@ -797,7 +669,7 @@ class Transformer(nnx.Module):
       w.astype(hidden_BSD.dtype),
       preferred_element_type=jnp.float32,
     )
-    return softcap(logits, self.config.final_logit_softcap)
+    return _attention.softcap(logits, self.config.final_logit_softcap)
 
   def __call__(self, tokens_BS, attention_mask_BS=None, **kwargs):
     """float32 logits [B, S, V] and the cache (see `hidden_states`)."""

@@ -8,7 +8,6 @@ import pathlib
 from typing import Any, Optional
 
 import jax
-from tensorboardX import SummaryWriter
 
 from rljax.monitoring._values import to_floats
 
@@ -67,6 +66,10 @@ class MetricsLogger:
       )
     self._jsonl = open(self.run_dir / "metrics.jsonl", "a")
     if tensorboard:
+      # Imported here: tensorboardX imports torch where it is installed
+      # (seconds), which a run without TensorBoard should not pay.
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+
       self._tensorboard = SummaryWriter(
         logdir=str(self.run_dir), flush_secs=10, purge_step=purge_step
       )

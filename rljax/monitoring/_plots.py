@@ -13,9 +13,6 @@ import os
 import pathlib
 from typing import Any, Optional
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 Records = os.PathLike | str | Iterable[Mapping[str, Any]]
 
 DEFAULT_PLOT_KEYS = (
@@ -77,7 +74,7 @@ def plot_learning_curves(
     raise ValueError(f"none of keys={list(keys)} was logged; found {logged}.")
   cols = min(3, len(present))
   rows = math.ceil(len(present) / cols)
-  fig = Figure(figsize=(4.2 * cols, 3.0 * rows), layout="constrained")
+  fig = _figure(figsize=(4.2 * cols, 3.0 * rows))
   for i, key in enumerate(present):
     ax = fig.add_subplot(rows, cols, i + 1)
     ax.plot(*_series(records, key))
@@ -103,7 +100,7 @@ def plot_runs(
   Returns:
     The PNG's path.
   """
-  fig = Figure(figsize=(6.0, 4.0), layout="constrained")
+  fig = _figure(figsize=(6.0, 4.0))
   ax = fig.add_subplot()
   for label, source in runs.items():
     steps, values = _series(read_metrics(source), key)
@@ -126,11 +123,21 @@ def _series(records: list[dict], key: str) -> tuple[list, list]:
   return [s for s, _ in points], [v for _, v in points]
 
 
-def _save(fig: Figure, out_png: os.PathLike | str, title: Optional[str]):
+def _figure(figsize: tuple[float, float]) -> Any:
+  """A constrained-layout `matplotlib.figure.Figure`; matplotlib is imported
+  here, at the first plot, so that importing rljax does not pay for it."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
+  return Figure(figsize=figsize, layout="constrained")
+
+
+def _save(fig: Any, out_png: os.PathLike | str, title: Optional[str]):
   """Write `fig` as a PNG through the Agg canvas and return its path."""
   if title:
     fig.suptitle(title)
   path = pathlib.Path(out_png)
   path.parent.mkdir(parents=True, exist_ok=True)
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+
   FigureCanvasAgg(fig).print_png(str(path))
   return path

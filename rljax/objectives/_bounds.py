@@ -9,6 +9,7 @@ per-token bounds computed from the batch (ETR's and HAPO's come from a batch
 stage in `rljax.transforms`, through `Batch.extra`). LLDS adds a penalty.
 """
 
+import functools
 from typing import NamedTuple, Optional
 
 import jax
@@ -118,60 +119,95 @@ def bapo(
   checks.non_negative(rho0=rho0, eps=eps)
   checks.one_of("contribution", contribution, L._CONTRIBUTIONS)
   L._check_dual_clip(dual_clip)
-  name = "objectives.bapo"
-
-  def measure(terms: LossTerms, batch: Batch, state) -> dict[str, Mean]:
-    del state
-    logp, old, mask = _inputs(terms, batch, name)
-    p, n = L.bapo_contributions(
-      logp,
-      old,
-      batch.advantages_PGT,
-      mask,
-      lows,
-      highs,
-      contribution=contribution,
-      log_ratio_clamp=log_ratio_clamp,
-    )
-    # Denominator 0: the values are the sums themselves.
-    zeros = jnp.zeros_like(p)
-    return {"positive": Mean(p, zeros), "negative": Mean(n, zeros)}
-
-  def observe(state: BapoState, values: dict) -> BapoState:
-    del state
-    p, n = values["positive"], values["negative"]
-    k = L.bapo_select(p, n, rho0=rho0, eps=eps)
-    ratio = jnp.where(n[k] <= 0, jnp.inf, p[k] / (n[k] + eps))
-    return BapoState(jnp.asarray(lows)[k], jnp.asarray(highs)[k], ratio)
-
-  def apply(terms: LossTerms, batch: Batch, state: BapoState) -> LossTerms:
-    logp, old, mask = _inputs(terms, batch, name)
-    out = L.ppo_clip_bounds(
-      logp,
-      old,
-      batch.advantages_PGT,
-      mask,
-      ratio_low=state.clip_low,
-      ratio_high=state.clip_high,
-      dual_clip=dual_clip,
-      log_ratio_clamp=log_ratio_clamp,
-    )
-    terms = _add_policy(terms, out, mask)
-    return _with_metrics(
-      terms,
-      bapo_clip_low=state.clip_low,
-      bapo_clip_high=state.clip_high,
-      bapo_pos_neg_ratio=jnp.minimum(state.ratio, 1e6),
-    )
-
   return Transform(
     init=lambda: BapoState(
       jnp.asarray(lows[0]), jnp.asarray(highs[0]), jnp.zeros((), jnp.float32)
     ),
     prepare=lambda batch, state: (batch, state),
-    apply=apply,
-    measure=measure,
-    observe=observe,
+    apply=functools.partial(
+      _bapo_apply, dual_clip=dual_clip, log_ratio_clamp=log_ratio_clamp
+    ),
+    measure=functools.partial(
+      _bapo_measure,
+      lows=lows,
+      highs=highs,
+      contribution=contribution,
+      log_ratio_clamp=log_ratio_clamp,
+    ),
+    observe=functools.partial(
+      _bapo_observe, lows=lows, highs=highs, rho0=rho0, eps=eps
+    ),
+  )
+
+
+_BAPO = "objectives.bapo"
+
+
+def _bapo_measure(
+  terms: LossTerms,
+  batch: Batch,
+  state,
+  *,
+  lows,
+  highs,
+  contribution,
+  log_ratio_clamp,
+) -> dict[str, Mean]:
+  """P and N of every candidate pair, summed over the micro-batch."""
+  del state
+  logp, old, mask = _inputs(terms, batch, _BAPO)
+  p, n = L.bapo_contributions(
+    logp,
+    old,
+    batch.advantages_PGT,
+    mask,
+    lows,
+    highs,
+    contribution=contribution,
+    log_ratio_clamp=log_ratio_clamp,
+  )
+  # Denominator 0: the values are the sums themselves.
+  zeros = jnp.zeros_like(p)
+  return {"positive": Mean(p, zeros), "negative": Mean(n, zeros)}
+
+
+def _bapo_observe(
+  state: BapoState, values: dict, *, lows, highs, rho0, eps
+) -> BapoState:
+  """The first pair with P / (N + eps) >= rho0 (else the last); its P / N."""
+  del state
+  p, n = values["positive"], values["negative"]
+  k = L.bapo_select(p, n, rho0=rho0, eps=eps)
+  ratio = jnp.where(n[k] <= 0, jnp.inf, p[k] / (n[k] + eps))
+  return BapoState(jnp.asarray(lows)[k], jnp.asarray(highs)[k], ratio)
+
+
+def _bapo_apply(
+  terms: LossTerms,
+  batch: Batch,
+  state: BapoState,
+  *,
+  dual_clip,
+  log_ratio_clamp,
+) -> LossTerms:
+  """PPO clip with the stored bounds, and the bounds as metrics."""
+  logp, old, mask = _inputs(terms, batch, _BAPO)
+  out = L.ppo_clip_bounds(
+    logp,
+    old,
+    batch.advantages_PGT,
+    mask,
+    ratio_low=state.clip_low,
+    ratio_high=state.clip_high,
+    dual_clip=dual_clip,
+    log_ratio_clamp=log_ratio_clamp,
+  )
+  terms = _add_policy(terms, out, mask)
+  return _with_metrics(
+    terms,
+    bapo_clip_low=state.clip_low,
+    bapo_clip_high=state.clip_high,
+    bapo_pos_neg_ratio=jnp.minimum(state.ratio, 1e6),
   )
 
 

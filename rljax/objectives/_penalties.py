@@ -6,6 +6,7 @@ share the algorithm's aggregation (verl's).
 """
 
 from collections.abc import Callable
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -260,6 +261,45 @@ def ares_kl_penalty(
   relaxation reads a reasoning soft cost its reward never produces, and is
   left out.
   """
+  targets = _check_ares(
+    target,
+    interval,
+    difficulty,
+    coef=coef,
+    beta_init=beta_init,
+    lr=lr,
+    clip=clip,
+    deadzone=deadzone,
+    ema=ema,
+    beta_min=beta_min,
+    beta_max=beta_max,
+  )
+  log_lo, log_hi = math.log(beta_min), math.log(beta_max)
+  return Transform(
+    init=functools.partial(_ares_init, beta_init),
+    prepare=_keep_batch,
+    apply=functools.partial(
+      _ares_apply, estimator=estimator, coef=coef, difficulty=difficulty
+    ),
+    measure=functools.partial(
+      _ares_measure, estimator=estimator, difficulty=difficulty
+    ),
+    observe=functools.partial(
+      _ares_observe,
+      target_3=jnp.asarray(targets, jnp.float32),
+      lr=lr,
+      clip=clip,
+      interval=interval,
+      deadzone=deadzone,
+      ema=ema,
+      beta_range=(beta_min, beta_max),
+      log_range=(log_lo, log_hi),
+    ),
+  )
+
+
+def _check_ares(target, interval, difficulty, **hyper) -> tuple:
+  """`ares_kl_penalty`'s hyperparameters checked; the 3 bucket targets."""
   targets = (target,) * 3 if isinstance(target, (int, float)) else target
   if len(targets) != 3:
     raise ValueError(
@@ -267,10 +307,18 @@ def ares_kl_penalty(
       f" {target!r}."
     )
   checks.positive(
-    beta_init=beta_init, beta_min=beta_min, beta_max=beta_max, target=targets
+    beta_init=hyper["beta_init"],
+    beta_min=hyper["beta_min"],
+    beta_max=hyper["beta_max"],
+    target=targets,
   )
-  checks.non_negative(coef=coef, lr=lr, clip=clip, deadzone=deadzone)
-  checks.in_range("ema", ema, 0.0, 1.0)
+  checks.non_negative(
+    coef=hyper["coef"],
+    lr=hyper["lr"],
+    clip=hyper["clip"],
+    deadzone=hyper["deadzone"],
+  )
+  checks.in_range("ema", hyper["ema"], 0.0, 1.0)
   if not isinstance(interval, int) or interval < 1:
     raise ValueError(
       f"ares_kl_penalty: interval must be an int >= 1; got {interval!r}."
@@ -280,55 +328,77 @@ def ares_kl_penalty(
       f"ares_kl_penalty: difficulty must name an extra _P entry; got"
       f" {difficulty!r}."
     )
-  target_3 = jnp.asarray(targets, jnp.float32)
-  log_lo, log_hi = math.log(beta_min), math.log(beta_max)
+  return targets
 
-  def init():
-    return AresKlState(
-      beta_3=jnp.full((3,), beta_init, jnp.float32),
-      kl_3=jnp.full((3,), jnp.nan, jnp.float32),
-      error_3=jnp.zeros((3,), jnp.float32),
-      count=jnp.zeros((), jnp.int32),
-    )
 
-  def measure(terms, batch, state):
-    total_3, count_3 = _bucket_kl(terms, batch, estimator, difficulty)
-    return {
-      "kl_3": Mean(total_3, count_3),
-      "samples_3": Mean(count_3, jnp.zeros((3,), jnp.float32)),
-    }
+def _ares_init(beta_init: float) -> AresKlState:
+  """Every bucket at beta_init, no KL seen yet."""
+  return AresKlState(
+    beta_3=jnp.full((3,), beta_init, jnp.float32),
+    kl_3=jnp.full((3,), jnp.nan, jnp.float32),
+    error_3=jnp.zeros((3,), jnp.float32),
+    count=jnp.zeros((), jnp.int32),
+  )
 
-  def observe(state: AresKlState, values) -> AresKlState:
-    count = state.count + 1
-    present = values["samples_3"] > 0
-    cur = values["kl_3"]
-    last = jnp.where(jnp.isnan(state.kl_3), cur, state.kl_3)
-    kl_3 = jnp.where(present, (1.0 - ema) * cur + ema * last, state.kl_3)
-    error = kl_3 / target_3 - 1.0
-    due = present & (jnp.abs(error) >= deadzone) & (count % interval == 0)
-    error_3 = jnp.where(
-      due, (1.0 - ema) * error + ema * state.error_3, state.error_3
-    )
-    step = lr * jnp.clip(error_3, -clip, clip)
-    log_beta = jnp.log(jnp.clip(state.beta_3, beta_min, beta_max)) + step
-    beta_3 = jnp.where(
-      due, jnp.exp(jnp.clip(log_beta, log_lo, log_hi)), state.beta_3
-    )
-    return AresKlState(beta_3, kl_3, error_3, count)
 
-  def apply(terms: LossTerms, batch: Batch, state: AresKlState) -> LossTerms:
-    batch.require("ref_logp_PGT", by="ares_kl_penalty")
-    d = jnp.asarray(batch.get(difficulty, by="ares_kl_penalty"), jnp.int32)
-    beta = state.beta_3[d][:, None, None]
-    kl = estimator(terms.logp_PGT, batch.ref_logp_PGT)
-    metrics = dict(terms.metrics)
-    metrics["kl_ref"] = mean_metric(
-      jax.lax.stop_gradient(kl), batch.loss_mask()
-    )
-    for i, name in enumerate(("easy", "medium", "hard")):
-      metrics[f"ares_kl_beta_{name}"] = _scalar_metric(state.beta_3[i])
-    return terms._replace(
-      penalty_PGT=terms.penalty_PGT + coef * beta * kl, metrics=metrics
-    )
+def _ares_measure(terms, batch, state, *, estimator, difficulty):
+  """Each bucket's summed sequence KL and sample count in the micro-batch."""
+  del state
+  total_3, count_3 = _bucket_kl(terms, batch, estimator, difficulty)
+  return {
+    "kl_3": Mean(total_3, count_3),
+    "samples_3": Mean(count_3, jnp.zeros((3,), jnp.float32)),
+  }
 
-  return Transform(init, _keep_batch, apply, measure=measure, observe=observe)
+
+def _ares_observe(
+  state: AresKlState,
+  values,
+  *,
+  target_3,
+  lr,
+  clip,
+  interval,
+  deadzone,
+  ema,
+  beta_range,
+  log_range,
+) -> AresKlState:
+  """One optimizer step of the per-bucket controller (`ares_kl_penalty`)."""
+  count = state.count + 1
+  present = values["samples_3"] > 0
+  cur = values["kl_3"]
+  last = jnp.where(jnp.isnan(state.kl_3), cur, state.kl_3)
+  kl_3 = jnp.where(present, (1.0 - ema) * cur + ema * last, state.kl_3)
+  error = kl_3 / target_3 - 1.0
+  due = present & (jnp.abs(error) >= deadzone) & (count % interval == 0)
+  error_3 = jnp.where(
+    due, (1.0 - ema) * error + ema * state.error_3, state.error_3
+  )
+  step = lr * jnp.clip(error_3, -clip, clip)
+  log_beta = jnp.log(jnp.clip(state.beta_3, *beta_range)) + step
+  beta_3 = jnp.where(due, jnp.exp(jnp.clip(log_beta, *log_range)), state.beta_3)
+  return AresKlState(beta_3, kl_3, error_3, count)
+
+
+def _ares_apply(
+  terms: LossTerms,
+  batch: Batch,
+  state: AresKlState,
+  *,
+  estimator,
+  coef,
+  difficulty,
+) -> LossTerms:
+  """Add coef * beta_d * KL per token, d the sample's difficulty bucket."""
+  batch.require("ref_logp_PGT", by="ares_kl_penalty")
+  d = jnp.asarray(batch.get(difficulty, by="ares_kl_penalty"), jnp.int32)
+  beta = state.beta_3[d][:, None, None]
+  kl = estimator(terms.logp_PGT, batch.ref_logp_PGT)
+  metrics = dict(terms.metrics)
+  metrics["kl_ref"] = mean_metric(jax.lax.stop_gradient(kl), batch.loss_mask())
+  for i, name in enumerate(("easy", "medium", "hard")):
+    metrics[f"ares_kl_beta_{name}"] = _scalar_metric(state.beta_3[i])
+  return terms._replace(
+    penalty_PGT=terms.penalty_PGT + coef * beta * kl, metrics=metrics
+  )

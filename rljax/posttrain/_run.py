@@ -42,7 +42,7 @@ from rljax.training._config import RunConfig
 from rljax.training._step import _keep_if
 from rljax.training._step import all_finite
 from rljax.training._trainer import Trainer
-from rljax.training._trainer import _from_config
+from rljax.training._trainer_setup import from_config
 from rljax.training._validate import validate
 
 # Post-training runs take no RL algorithm: their objective is their own.
@@ -155,12 +155,12 @@ class PostTrainer(Trainer):
         f"kind={config.kind!r}, but {type(self).__name__} runs"
         f" kind={self.KIND!r}; use rljax.posttrain.run_for(config)."
       )
-    task = task or _from_config(
+    task = task or from_config(
       "task", tasks.get, config.task.name, **config.task.kwargs
     )
     kinds = self._record_kinds(config)
     if records is None:
-      records = _from_config("data", self._records, config, task, kinds)
+      records = from_config("data", self._records, config, task, kinds)
     elif kinds:
       _data.check_records(records, kinds, chat=config.model.chat_template)
     records = self._prepare(list(records), config)

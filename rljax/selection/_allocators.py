@@ -17,7 +17,6 @@ import heapq
 from typing import Optional
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from rljax.selection._base import SAMPLERS
 from rljax.selection._base import Feedback
@@ -372,6 +371,9 @@ def xrpo_priority(
   n = np.asarray(num_samples, np.float64)
   if np.any(n < 2):
     raise ValueError("xrpo_priority needs num_samples >= 2 (a t interval).")
+  # Imported here: scipy.stats takes about a second to import.
+  from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
+
   q = 0.5 + confidence / 2
   h_n = scipy_stats.t.ppf(q, n - 1) * s / np.sqrt(n)
   h_next = scipy_stats.t.ppf(q, n) * s / np.sqrt(n + 1)

@@ -75,3 +75,33 @@ def warm_start(
     params, opt_state, value = step(params, opt_state, seqs, mask)
     losses.append(float(value))
   return params, losses
+
+
+def warm_start_model(model, task, tokenizer, config) -> list[float]:
+  """The optional supervised warm start of `model`, in place, from the
+  ``train.warm_start_*`` of a `RunConfig` (scratch models); its losses."""
+  t = config.train
+  if not t.warm_start_steps:
+    return []
+  data = task.train.shuffle(seed=t.seed + 1).repeat()
+  data = data.batch(t.warm_start_batch, batch_fn=list).to_iter_dataset()
+  batches = (
+    answer_batch(
+      tokenizer,
+      task,
+      examples,
+      config.task.max_prompt_tokens,
+      config.sampler.max_new_tokens,
+    )
+    for examples in data
+  )
+  params, losses = warm_start(
+    nnx.graphdef(model),
+    nnx.state(model),
+    batches,
+    steps=t.warm_start_steps,
+    learning_rate=t.warm_start_lr,
+    answer_width=config.sampler.max_new_tokens,
+  )
+  nnx.update(model, params)
+  return losses

@@ -244,6 +244,42 @@ def brpo_advantages_of(
   """
   checks.one_of("summary_baseline", summary_baseline, SUMMARY_BASELINES)
   checks.one_of("summaries", summaries, SUMMARIES)
+  s = _check_layout(
+    rewards_PG, trace_PG, budget_PG, length_PG, chunk_PGT, prior
+  )
+  p_, g = np.shape(rewards_PG)
+  valid = (
+    jnp.ones((p_, g), jnp.float32)
+    if sample_mask_PG is None
+    else stats.f32(jnp.asarray(sample_mask_PG) != 0)
+  )
+  r = stats.f32(rewards_PG) * valid
+  trace = jnp.asarray(trace_PG, jnp.int32)
+  budget = jnp.asarray(budget_PG, jnp.int32)
+  chunk = jnp.asarray(chunk_PGT, jnp.int32)
+  summary = valid * stats.f32((budget >= 0) & (trace >= 0))
+  thinking = valid * stats.f32((budget < 0) & (trace >= 0))
+  r_ns, has = _trace_budget_rewards(r, summary, trace, budget, g, s)
+  adv_ns = brpo_chunk_advantages(
+    r_ns, prior, has, baseline=baseline, discount=discount
+  )
+  tok = _thinking_advantages(adv_ns, trace, chunk, thinking)
+  sum_adv = _summary_advantages(
+    r,
+    summary,
+    trace,
+    budget,
+    jnp.asarray(length_PG, jnp.int32),
+    summary_baseline,
+    summaries,
+  )
+  return tok + sum_adv[..., None] * stats.f32(chunk < 0)
+
+
+def _check_layout(
+  rewards_PG, trace_PG, budget_PG, length_PG, chunk_PGT, prior
+) -> int:
+  """Check `brpo_advantages_of`'s layout arrays; S, the number of budgets."""
   checks.rank("rewards_PG", rewards_PG, 2, "[P, G]")
   checks.same_shape(
     ["rewards_PG", "trace_PG", "budget_PG", "length_PG"],
@@ -257,28 +293,21 @@ def brpo_advantages_of(
   s = int(np.shape(prior)[0]) if np.ndim(prior) == 1 else -1
   if s < 1:
     raise ValueError(f"prior must be [S] weights; got shape {np.shape(prior)}.")
-  p_, g = np.shape(rewards_PG)
-  valid = (
-    jnp.ones((p_, g), jnp.float32)
-    if sample_mask_PG is None
-    else stats.f32(jnp.asarray(sample_mask_PG) != 0)
-  )
-  r = stats.f32(rewards_PG) * valid
-  trace = jnp.asarray(trace_PG, jnp.int32)
-  budget = jnp.asarray(budget_PG, jnp.int32)
-  length = jnp.asarray(length_PG, jnp.int32)
-  chunk = jnp.asarray(chunk_PGT, jnp.int32)
-  summary = valid * stats.f32((budget >= 0) & (trace >= 0))
-  thinking = valid * stats.f32((budget < 0) & (trace >= 0))
-  r_ns, has = _trace_budget_rewards(r, summary, trace, budget, g, s)
-  adv_ns = brpo_chunk_advantages(
-    r_ns, prior, has, baseline=baseline, discount=discount
-  )
-  # Thinking tokens: A[trace(row), chunk(token)].
+  return s
+
+
+def _thinking_advantages(adv_ns, trace, chunk, thinking) -> jax.Array:
+  """[P, G, T] thinking tokens: A[trace(row), chunk(token)], 0 off chunks."""
+  s = adv_ns.shape[-1]
   rows_ns = jnp.take_along_axis(adv_ns, jnp.clip(trace, 0)[..., None], axis=1)
   tok = jnp.take_along_axis(rows_ns, jnp.clip(chunk, 0, s - 1), axis=-1)
-  tok = jnp.where(chunk >= 0, tok, 0.0) * thinking[..., None]
-  # Summary rows: r - the mean of their baseline group.
+  return jnp.where(chunk >= 0, tok, 0.0) * thinking[..., None]
+
+
+def _summary_advantages(
+  r, summary, trace, budget, length, summary_baseline: str, summaries: str
+) -> jax.Array:
+  """[P, G] summary rows: r - the mean of their baseline group."""
   same_trace = trace[:, :, None] == trace[:, None, :]
   if summary_baseline == "prefix":
     same = same_trace & (length[:, :, None] == length[:, None, :])
@@ -291,11 +320,11 @@ def brpo_advantages_of(
     mean = jnp.where(n > 1, mean, 0.0)
   sum_adv = (r - mean) * summary
   if summaries == "last":  # the last summary row of each trace only
-    idx = jnp.arange(g)
+    idx = jnp.arange(r.shape[-1])
     later = same_trace & (idx[None, None, :] > idx[None, :, None])
     later = jnp.sum(stats.f32(later) * summary[:, None, :], -1)
     sum_adv = jnp.where(later > 0, 0.0, sum_adv)
-  return tok + sum_adv[..., None] * stats.f32(chunk < 0)
+  return sum_adv
 
 
 def brpo_advantages(

@@ -15,6 +15,7 @@ into the micro-batches.
 """
 
 from collections.abc import Callable
+import functools
 from typing import NamedTuple, Optional
 
 import jax
@@ -230,6 +231,29 @@ def ares_entropy_shaping(
     kl_weights: KL factor per bucket (easy, medium, hard).
     table: per-bucket constants of `ares_entropy_reward`.
   """
+  _check_ares(threshold, ema, alpha_init, alpha_lr, alpha_max, kl_weights)
+  if candidates is not None and not candidates.endswith("_PGT"):
+    raise ValueError(
+      f"ares_entropy_shaping: candidates={candidates!r} must be an extra"
+      " name ending in _PGT (0/1 per token)."
+    )
+  prepare = functools.partial(
+    _ares_prepare,
+    window_kw=dict(window=window, lookahead=lookahead),
+    threshold=threshold,
+    percentile=percentile,
+    ema=ema,
+    candidates=candidates,
+    alpha_step=(alpha_lr, alpha_max),
+    kl_weights=kl_weights,
+    table=table,
+  )
+  init = functools.partial(_ares_init, alpha_init)
+  return Transform(init=init, prepare=prepare, apply=_keep_terms)
+
+
+def _check_ares(threshold, ema, alpha_init, alpha_lr, alpha_max, kl_weights):
+  """`ares_entropy_shaping`'s hyperparameter checks."""
   if threshold is not None:
     checks.non_negative(threshold=threshold)
   checks.in_range("ema", ema, 0.0, 1.0)
@@ -242,59 +266,76 @@ def ares_entropy_shaping(
       "alpha_init and kl_weights need 3 values (easy, medium, hard); got"
       f" {alpha_init!r} and {kl_weights!r}."
     )
-  if candidates is not None and not candidates.endswith("_PGT"):
-    raise ValueError(
-      f"ares_entropy_shaping: candidates={candidates!r} must be an extra"
-      " name ending in _PGT (0/1 per token)."
-    )
+
+
+def _ares_init(alpha_init) -> AresState:
+  return AresState(
+    threshold=jnp.full((), jnp.nan, jnp.float32),
+    alpha_3=jnp.asarray(alpha_init, jnp.float32),
+  )
+
+
+def _ares_prepare(
+  batch: Batch,
+  state: AresState,
+  *,
+  window_kw: dict,
+  threshold: Optional[float],
+  percentile: float,
+  ema: float,
+  candidates: Optional[str],
+  alpha_step: tuple[float, float],
+  kl_weights: tuple[float, float, float],
+  table: E.AresRewardTable,
+):
+  """Steps 1-6 of `ares_entropy_shaping` on one rollout batch."""
+  by = "ares_entropy_shaping"
+  batch.require("old_entropy_PGT", "rewards_PG", by=by)
+  mask = batch.loss_mask()
+  samples = batch.samples()
+  h = batch.old_entropy_PGT
+  if threshold is None:
+    stat = E.hwe_threshold(h, mask, percentile=percentile, **window_kw)
+    tau = _ema_threshold(state.threshold, stat, ema)
+  else:
+    tau = jnp.asarray(threshold, jnp.float32)
+  cand = None if candidates is None else batch.get(candidates, by=by)
+  counts = E.hwe_trigger_count(h, mask, tau, candidates_BT=cand, **window_kw)
+  correct = correctness(batch)
+  difficulty = E.ares_difficulty(correct, samples)
+  mean_3, target_3, present_3 = E.ares_bucket_targets(
+    counts, samples, difficulty
+  )
+  alpha_3 = _ares_alpha(state.alpha_3, mean_3, target_3, present_3, alpha_step)
+  d_pg = jnp.broadcast_to(difficulty[:, None], counts.shape)
+  bonus = E.ares_entropy_reward(
+    counts, target_3[d_pg], d_pg, correct, alpha_3[d_pg], table
+  )
+  rewards = stats.f32(batch.rewards_PG) + jnp.where(samples > 0, bonus, 0.0)
+  kl_w = jnp.asarray(kl_weights, jnp.float32)[d_pg]
+  batch = batch._replace(rewards_PG=rewards).with_extra(
+    kl_weight_PG=kl_w,
+    hwe_triggers_PG=counts,
+    difficulty_P=difficulty.astype(jnp.int32),
+  )
+  new_threshold = tau if threshold is None else state.threshold
+  return batch, AresState(threshold=new_threshold, alpha_3=alpha_3)
+
+
+def _ema_threshold(old, stat, ema: float) -> jax.Array:
+  """tau: the EMA of the batch statistic, seeded by the first one (NaN:
+  none yet); this batch's value enters before use."""
+  return jnp.where(
+    jnp.isnan(stat),
+    old,
+    jnp.where(jnp.isnan(old), stat, ema * old + (1.0 - ema) * stat),
+  )
+
+
+def _ares_alpha(alpha_3, mean_3, target_3, present_3, alpha_step):
+  """alpha_d += lr (mean_d - target_d) (easy, medium) or lr (target_d -
+  mean_d) (hard), clipped to [0, alpha_max]; absent buckets keep theirs."""
+  lr, alpha_max = alpha_step
   sign_3 = jnp.array([1.0, 1.0, -1.0])
-
-  def init():
-    return AresState(
-      threshold=jnp.full((), jnp.nan, jnp.float32),
-      alpha_3=jnp.asarray(alpha_init, jnp.float32),
-    )
-
-  def prepare(batch: Batch, state: AresState):
-    by = "ares_entropy_shaping"
-    batch.require("old_entropy_PGT", "rewards_PG", by=by)
-    mask = batch.loss_mask()
-    samples = batch.samples()
-    h = batch.old_entropy_PGT
-    kw = dict(window=window, lookahead=lookahead)
-    if threshold is None:
-      stat = E.hwe_threshold(h, mask, percentile=percentile, **kw)
-      old = state.threshold
-      tau = jnp.where(
-        jnp.isnan(stat),
-        old,
-        jnp.where(jnp.isnan(old), stat, ema * old + (1.0 - ema) * stat),
-      )
-    else:
-      tau = jnp.asarray(threshold, jnp.float32)
-    cand = None if candidates is None else batch.get(candidates, by=by)
-    counts = E.hwe_trigger_count(h, mask, tau, candidates_BT=cand, **kw)
-    correct = correctness(batch)
-    difficulty = E.ares_difficulty(correct, samples)
-    mean_3, target_3, present_3 = E.ares_bucket_targets(
-      counts, samples, difficulty
-    )
-    step = alpha_lr * sign_3 * (mean_3 - target_3)
-    alpha_3 = jnp.where(
-      present_3, jnp.clip(state.alpha_3 + step, 0.0, alpha_max), state.alpha_3
-    )
-    d_pg = jnp.broadcast_to(difficulty[:, None], counts.shape)
-    bonus = E.ares_entropy_reward(
-      counts, target_3[d_pg], d_pg, correct, alpha_3[d_pg], table
-    )
-    rewards = stats.f32(batch.rewards_PG) + jnp.where(samples > 0, bonus, 0.0)
-    kl_w = jnp.asarray(kl_weights, jnp.float32)[d_pg]
-    batch = batch._replace(rewards_PG=rewards).with_extra(
-      kl_weight_PG=kl_w,
-      hwe_triggers_PG=counts,
-      difficulty_P=difficulty.astype(jnp.int32),
-    )
-    new_threshold = tau if threshold is None else state.threshold
-    return batch, AresState(threshold=new_threshold, alpha_3=alpha_3)
-
-  return Transform(init=init, prepare=prepare, apply=_keep_terms)
+  step = lr * sign_3 * (mean_3 - target_3)
+  return jnp.where(present_3, jnp.clip(alpha_3 + step, 0.0, alpha_max), alpha_3)

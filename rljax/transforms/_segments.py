@@ -115,10 +115,16 @@ def spo_chain_advantages_of(
   if normalize == "batch":
     # Statistics over the kept tokens; the code falls back to every token.
     weight = jnp.where(jnp.any(keep), keep, mask)
-    mean = stats.masked_mean(adv, weight)
-    var = stats.masked_var(adv, weight)
-    adv = jnp.where(keep, (adv - mean) * jax.lax.rsqrt(var + eps), 0.0)
+    adv = _whiten(adv, keep, weight, eps)
   return adv
+
+
+def _whiten(adv, keep, weight, eps: float) -> jax.Array:
+  """(A - mu) / sqrt(var + eps) on the kept tokens (mu and unbiased var
+  weighted by `weight`), 0 elsewhere."""
+  mean = stats.masked_mean(adv, weight)
+  var = stats.masked_var(adv, weight)
+  return jnp.where(keep, (adv - mean) * jax.lax.rsqrt(var + eps), 0.0)
 
 
 def _segment_differences(r_PG, cuts_PGT, values_PGT) -> jax.Array:
@@ -374,6 +380,26 @@ def spo_tree_advantages_of(
   checks.one_of("value", value, _TREE_VALUES)
   checks.one_of("normalize", normalize, _NORMALIZE)
   checks.non_negative(eps=eps)
+  _check_tree_tokens(rewards_PG, tree_PGD, depth_PGT, mask_PGT, low_prob_PGT)
+  valid = _tree_validity(rewards_PG, sample_mask_PG)
+  r = jnp.where(valid > 0, stats.f32(rewards_PG), 0.0)
+  same, first, children = _tree_levels(r, jnp.asarray(tree_PGD), valid)
+  v = _node_values(r, same, children, value)
+  adv_PGL, owner = _node_advantages(v, same, first, value)
+  if sibling_std:
+    adv_PGL = adv_PGL / (_sibling_std(v, same, first) + eps)
+  adv, keep = _segment_tokens(
+    adv_PGL, owner, depth_PGT, mask_PGT, low_prob_PGT, valid, drop_zero
+  )
+  if normalize == "batch":
+    adv = _whiten(adv, keep, keep, eps)
+  return adv, stats.f32(keep)
+
+
+def _check_tree_tokens(
+  rewards_PG, tree_PGD, depth_PGT, mask_PGT, low_prob_PGT
+) -> None:
+  """Check `spo_tree_advantages_of`'s tree and per-token arrays."""
   _check_tree_ids(rewards_PG, tree_PGD)
   checks.rank("mask_PGT", mask_PGT, 3, "[P, G, T]")
   checks.leading_shape("mask_PGT", mask_PGT, np.shape(rewards_PG), "rewards_PG")
@@ -385,13 +411,14 @@ def spo_tree_advantages_of(
       f"depth_PGT must hold integer levels, got dtype"
       f" {jnp.result_type(depth_PGT)}; pass Batch.extra['spo_depth_PGT']."
     )
-  valid = _tree_validity(rewards_PG, sample_mask_PG)
-  r = jnp.where(valid > 0, stats.f32(rewards_PG), 0.0)
-  same, first, children = _tree_levels(r, jnp.asarray(tree_PGD), valid)
-  v = _node_values(r, same, children, value)
-  adv_PGL, owner = _node_advantages(v, same, first, value)
-  if sibling_std:
-    adv_PGL = adv_PGL / (_sibling_std(v, same, first) + eps)
+
+
+def _segment_tokens(
+  adv_PGL, owner, depth_PGT, mask_PGT, low_prob_PGT, valid, drop_zero: bool
+) -> tuple[jax.Array, jax.Array]:
+  """(advantages, kept) [P, G, T]: each token takes the advantage of the
+  level-l node that generated it, kept where this leaf trains that node's
+  segment (and, with the probability mask, where the token is unlikely)."""
   depth = jnp.clip(jnp.asarray(depth_PGT), 0, adv_PGL.shape[-1] - 1)
   adv = jnp.take_along_axis(adv_PGL, depth, axis=2)
   train = jnp.take_along_axis(owner, depth, axis=2) & (depth > 0)
@@ -401,12 +428,7 @@ def spo_tree_advantages_of(
   keep = train
   if low_prob_PGT is not None:
     keep = keep & (jnp.asarray(low_prob_PGT) > 0)
-  adv = jnp.where(keep, adv, 0.0)
-  if normalize == "batch":
-    mean = stats.masked_mean(adv, keep)
-    var = stats.masked_var(adv, keep)
-    adv = jnp.where(keep, (adv - mean) * jax.lax.rsqrt(var + eps), 0.0)
-  return adv, stats.f32(keep)
+  return jnp.where(keep, adv, 0.0), keep
 
 
 def _siblings(same, first) -> jax.Array:

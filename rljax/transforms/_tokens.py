@@ -11,6 +11,7 @@ stage; `decision_token_mask` can go anywhere before the loss.
 """
 
 from collections.abc import Sequence
+import functools
 from typing import Optional
 
 import jax
@@ -124,41 +125,66 @@ def gtpo_advantages(
   """
   checks.non_negative(weight=weight, entropy_scale=entropy_scale)
   checks.one_of("positions", positions, ("all", "runs"))
-  use_entropy = entropy_threshold is not None or entropy_scale != 0
-
-  def fn(batch: Batch) -> Batch:
-    by = "gtpo_advantages"
-    tokens = _tokens(batch, by)
-    adv = _advantages(batch, by)
-    mask = batch.loss_mask()
-    a_seq = stats.masked_mean(adv, mask, axis=-1)
-    delta, conflict = K.gtpo_token_weights(
-      tokens, mask, a_seq, positions=positions, weight=weight
-    )
-    if use_entropy:
-      if batch.old_entropy_PGT is None:
-        raise ValueError(
-          f"{by} needs Batch.old_entropy_PGT for its entropy filter (the"
-          " Trainer computes it when an algorithm reads it); pass"
-          " entropy_threshold=None, entropy_scale=0 to turn the filter off."
-        )
-      h = stats.masked_mean(batch.old_entropy_PGT, mask, axis=-1)
-      adv = K.gtpo_entropy_filter(
-        adv, h[..., None], threshold=entropy_threshold, scale=entropy_scale
-      )
-    conflict = stats.f32(conflict) * mask
-    count = jnp.sum(conflict, axis=-1)
-    batch = batch._replace(advantages_PGT=adv * delta * mask).with_extra(
-      gtpo_conflict_PGT=conflict, gtpo_conflict_count_PG=count
-    )
-    if divide_by_conflicts:
-      scale = 1.0 / jnp.maximum(count, 1.0)
-      batch = batch._replace(
-        policy_weights_PGT=_policy_weights(batch) * scale[..., None]
-      )
-    return batch
-
+  fn = functools.partial(
+    _gtpo_update,
+    weight=weight,
+    positions=positions,
+    entropy_threshold=entropy_threshold,
+    entropy_scale=entropy_scale,
+    divide_by_conflicts=divide_by_conflicts,
+  )
   return stateless_prepare(fn)
+
+
+def _gtpo_update(
+  batch: Batch,
+  *,
+  weight: float,
+  positions: str,
+  entropy_threshold: Optional[float],
+  entropy_scale: float,
+  divide_by_conflicts: bool,
+) -> Batch:
+  """`gtpo_advantages`' stage: A' = keep (A - c H) delta m, the conflicts."""
+  by = "gtpo_advantages"
+  tokens = _tokens(batch, by)
+  adv = _advantages(batch, by)
+  mask = batch.loss_mask()
+  a_seq = stats.masked_mean(adv, mask, axis=-1)
+  delta, conflict = K.gtpo_token_weights(
+    tokens, mask, a_seq, positions=positions, weight=weight
+  )
+  if entropy_threshold is not None or entropy_scale != 0:
+    adv = _gtpo_entropy_filter(
+      batch, adv, mask, entropy_threshold, entropy_scale
+    )
+  conflict = stats.f32(conflict) * mask
+  count = jnp.sum(conflict, axis=-1)
+  batch = batch._replace(advantages_PGT=adv * delta * mask).with_extra(
+    gtpo_conflict_PGT=conflict, gtpo_conflict_count_PG=count
+  )
+  if divide_by_conflicts:
+    scale = 1.0 / jnp.maximum(count, 1.0)
+    batch = batch._replace(
+      policy_weights_PGT=_policy_weights(batch) * scale[..., None]
+    )
+  return batch
+
+
+def _gtpo_entropy_filter(
+  batch: Batch, adv, mask, threshold: Optional[float], scale: float
+) -> jax.Array:
+  """A filtered by the completions' mean entropy H (keep, A - c H)."""
+  if batch.old_entropy_PGT is None:
+    raise ValueError(
+      "gtpo_advantages needs Batch.old_entropy_PGT for its entropy filter"
+      " (the Trainer computes it when an algorithm reads it); pass"
+      " entropy_threshold=None, entropy_scale=0 to turn the filter off."
+    )
+  h = stats.masked_mean(batch.old_entropy_PGT, mask, axis=-1)
+  return K.gtpo_entropy_filter(
+    adv, h[..., None], threshold=threshold, scale=scale
+  )
 
 
 # ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from rljax._src.base import stateless_prepare
 from rljax.transforms._advantages import _need_group
 from rljax.transforms._advantages import _per_token
 from rljax.transforms._advantages import sequence_rewards
+from rljax.transforms._segments import _tree_validity
 
 _WEIGHTINGS = ("average", "group_size")
 _NORMALIZE = ("batch", "subtree", "none")
@@ -131,45 +132,76 @@ def treepo_advantages_of(
     [P, G] float32 advantages, 0 for invalid leaves and for prompts with
     fewer than 2 valid leaves.
   """
+  tree, eps = _treepo_options(
+    rewards_PG, tree_PGD, weighting, normalize, max_depth, eps
+  )
+  valid = _tree_validity(rewards_PG, sample_mask_PG)
+  r = jnp.where(valid > 0, stats.f32(rewards_PG), 0.0)
+  adv, counted = _subtree_average(
+    r,
+    valid,
+    tree,
+    weighting=weighting,
+    per_subtree_std=normalize == "subtree",
+    skip_constant_subtrees=skip_constant_subtrees,
+    eps=eps,
+  )
+  scored = valid * counted[..., 0]  # a valid leaf of a group of >= 2
+  if normalize == "batch":
+    adv = _batch_whiten(adv, scored, rewards_PG, lengths_PG, eps)
+  return jnp.where(scored > 0, adv, 0.0)
+
+
+def _treepo_options(rewards_PG, tree_PGD, weighting, normalize, max_depth, eps):
+  """Check `treepo_advantages_of`'s options; (the tree cut to `max_depth`
+  levels, eps with its default for `normalize`)."""
   checks.one_of("weighting", weighting, _WEIGHTINGS)
   checks.one_of("normalize", normalize, _NORMALIZE)
   checks.rank("rewards_PG", rewards_PG, 2, "[P, G]")
   checks.group_size("rewards_PG", rewards_PG)
   _check_tree(rewards_PG, tree_PGD)
+  tree = jnp.asarray(tree_PGD)
   if max_depth is not None:
     checks.non_negative(max_depth=max_depth)
-    tree_PGD = jnp.asarray(tree_PGD)[..., :max_depth]
+    tree = tree[..., :max_depth]
   if eps is None:
     eps = 1e-8 if normalize == "batch" else 1e-6
   checks.non_negative(eps=eps)
-  if sample_mask_PG is None:
-    valid = jnp.ones(np.shape(rewards_PG), jnp.float32)
-  else:
-    checks.same_shape(
-      ["rewards_PG", "sample_mask_PG"], rewards_PG, sample_mask_PG
-    )
-    valid = stats.f32(jnp.asarray(sample_mask_PG) != 0)
-  r = jnp.where(valid > 0, stats.f32(rewards_PG), 0.0)
+  return tree, eps
 
-  term, std, n, inside = _subtree_terms(r, valid, jnp.asarray(tree_PGD))
+
+def _subtree_average(
+  r,
+  valid,
+  tree,
+  *,
+  weighting: str,
+  per_subtree_std: bool,
+  skip_constant_subtrees: bool,
+  eps: float,
+) -> tuple[jax.Array, jax.Array]:
+  """(a [P, G], counted [P, G, 1 + D]): the weighted mean of each leaf's
+  subtree terms over the subtrees it counts in."""
+  term, std, n, inside = _subtree_terms(r, valid, tree)
   counted = inside * stats.f32(n >= 2)
   if skip_constant_subtrees:  # never the root: the code always keeps it
     deeper = (jnp.arange(n.shape[-1]) > 0)[None, None, :]
     counted = counted * stats.f32(~(deeper & (std <= 0)))
-  if normalize == "subtree":
+  if per_subtree_std:
     term = stats.safe_div(term, std + eps)
   w = counted * (n if weighting == "group_size" else 1.0)
-  adv = stats.safe_div(jnp.sum(w * term, -1), jnp.sum(w, -1))
-  scored = valid * counted[..., 0]  # a valid leaf of a group of >= 2
-  if normalize == "batch":
-    weight = scored
-    if lengths_PG is not None:
-      checks.same_shape(["rewards_PG", "lengths_PG"], rewards_PG, lengths_PG)
-      weight = weight * stats.f32(lengths_PG)
-    mean = stats.masked_mean(adv, weight)
-    var = stats.masked_var(adv, weight)
-    adv = (adv - mean) * jax.lax.rsqrt(var + eps)
-  return jnp.where(scored > 0, adv, 0.0)
+  return stats.safe_div(jnp.sum(w * term, -1), jnp.sum(w, -1)), counted
+
+
+def _batch_whiten(adv, scored, rewards_PG, lengths_PG, eps: float):
+  """(a - mu) / sqrt(var + eps) over the scored leaves, length-weighted."""
+  weight = scored
+  if lengths_PG is not None:
+    checks.same_shape(["rewards_PG", "lengths_PG"], rewards_PG, lengths_PG)
+    weight = weight * stats.f32(lengths_PG)
+  mean = stats.masked_mean(adv, weight)
+  var = stats.masked_var(adv, weight)
+  return (adv - mean) * jax.lax.rsqrt(var + eps)
 
 
 def treepo_advantages(

@@ -41,6 +41,7 @@ _TURN_IDS = "turn_ids_PGT"
 _TURNS = "turns_PG"
 _REWARDS = "turn_rewards_PG"
 _STATES = "state_ids_PG"
+_SEEUPO = "seeupo_policy"
 
 
 def _per_turn(batch: Batch, name: str, by: str) -> jax.Array:
@@ -409,48 +410,66 @@ def seeupo_policy(
     ratio_clip_low=ratio_clip_low, ratio_clip_high=ratio_clip_high
   )
   _validate_loss(loss_fn, hyper)
-  by = "seeupo_policy"
-
-  def prepare(batch: Batch, state):
-    del state
-    _per_turn(batch, _REWARDS, by)
-    _turn_ids(batch, by)
-    return batch, SeeupoState(jnp.zeros((), jnp.int32))
-
-  def observe(state, stats_):
-    del stats_
-    return SeeupoState(state.step + 1)
-
-  def apply(terms: LossTerms, batch: Batch, state) -> LossTerms:
-    batch.require("advantages_PGT", by=by)
-    n = _per_turn(batch, _REWARDS, by).shape[-1]
-    ids = _turn_ids(batch, by)
-    k = seeupo_turn(state.step, n, minibatches)
-    mask = batch.loss_mask()
-    sel = mask * stats.f32(ids == k)
-    old = old_logp(terms.logp_PGT, batch)
-    ratios = _later_turn_ratios(
-      terms.logp_PGT, old, mask, ids, n, ratio_clip_low, ratio_clip_high
-    )
-    m = jnp.take(ratios, k, axis=-1)[..., None]  # [P, G, 1]
-    adv = stats.f32(batch.advantages_PGT) * m
-    out = loss_fn(terms.logp_PGT, old, adv, sel, **hyper)
-    per_row = stats.safe_div(jnp.sum(mask, -1), jnp.sum(sel, -1))
-    w = sel * per_row[..., None]
-    metrics = dict(terms.metrics)
-    metrics["clip_frac_low"] = mean_metric(out.clip_low, sel)
-    metrics["clip_frac_high"] = mean_metric(out.clip_high, sel)
-    metrics["seeupo_turn"] = mean_metric(jnp.full_like(mask, k), mask)
-    metrics["seeupo_ratio"] = mean_metric(m[..., 0], jnp.any(sel > 0, -1))
-    return terms._replace(
-      policy_loss_PGT=terms.policy_loss_PGT + out.loss * w,
-      penalty_PGT=terms.penalty_PGT * w,
-      metrics=metrics,
-    )
-
+  apply = functools.partial(
+    _seeupo_apply,
+    loss_fn=loss_fn,
+    minibatches=minibatches,
+    clip=(ratio_clip_low, ratio_clip_high),
+    hyper=hyper,
+  )
   return Transform(
     init=lambda: SeeupoState(jnp.zeros((), jnp.int32)),
-    prepare=prepare,
+    prepare=_seeupo_prepare,
     apply=apply,
-    observe=observe,
+    observe=_seeupo_observe,
+  )
+
+
+def _seeupo_prepare(batch: Batch, state):
+  """Check the turn data; every rollout batch starts at phase 0."""
+  del state
+  _per_turn(batch, _REWARDS, _SEEUPO)
+  _turn_ids(batch, _SEEUPO)
+  return batch, SeeupoState(jnp.zeros((), jnp.int32))
+
+
+def _seeupo_observe(state, stats_):
+  """One optimizer step taken: the next phase's step count."""
+  del stats_
+  return SeeupoState(state.step + 1)
+
+
+def _seeupo_apply(
+  terms: LossTerms,
+  batch: Batch,
+  state,
+  *,
+  loss_fn: Callable,
+  minibatches: int,
+  clip: tuple[float, float],
+  hyper: dict,
+) -> LossTerms:
+  """Turn k's policy loss with the advantage times M_k, row-reweighted."""
+  batch.require("advantages_PGT", by=_SEEUPO)
+  n = _per_turn(batch, _REWARDS, _SEEUPO).shape[-1]
+  ids = _turn_ids(batch, _SEEUPO)
+  k = seeupo_turn(state.step, n, minibatches)
+  mask = batch.loss_mask()
+  sel = mask * stats.f32(ids == k)
+  old = old_logp(terms.logp_PGT, batch)
+  ratios = _later_turn_ratios(terms.logp_PGT, old, mask, ids, n, *clip)
+  m = jnp.take(ratios, k, axis=-1)[..., None]  # [P, G, 1]
+  adv = stats.f32(batch.advantages_PGT) * m
+  out = loss_fn(terms.logp_PGT, old, adv, sel, **hyper)
+  per_row = stats.safe_div(jnp.sum(mask, -1), jnp.sum(sel, -1))
+  w = sel * per_row[..., None]
+  metrics = dict(terms.metrics)
+  metrics["clip_frac_low"] = mean_metric(out.clip_low, sel)
+  metrics["clip_frac_high"] = mean_metric(out.clip_high, sel)
+  metrics["seeupo_turn"] = mean_metric(jnp.full_like(mask, k), mask)
+  metrics["seeupo_ratio"] = mean_metric(m[..., 0], jnp.any(sel > 0, -1))
+  return terms._replace(
+    policy_loss_PGT=terms.policy_loss_PGT + out.loss * w,
+    penalty_PGT=terms.penalty_PGT * w,
+    metrics=metrics,
   )

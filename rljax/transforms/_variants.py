@@ -1,7 +1,8 @@
 """Batch stages for the advantage and reward variants of `rljax.advantages`
-(`_variants.py`): ASPO, HDPO, ADORA, COPO, DaGRPO, TempSamp-R1's soft
-advantage, Polychromic, SEED-GRPO, PF-PPO resampling and the length rewards
-of Kimi k1.5, L-GRPO and GRPO-lambda.
+(`_variants.py`, `_variants_answers.py`, `_variants_length.py`): ASPO,
+HDPO, ADORA, COPO, DaGRPO, TempSamp-R1's soft advantage, Polychromic,
+SEED-GRPO, PF-PPO resampling and the length rewards of Kimi k1.5, L-GRPO
+and GRPO-lambda.
 
 Where the stages read side data:
 
@@ -32,7 +33,6 @@ from rljax._src import stats
 from rljax._src.base import Batch
 from rljax._src.base import Transform
 from rljax._src.base import stateless_prepare
-from rljax.advantages import _variants as V
 from rljax.transforms._advantages import sequence_rewards
 
 Source = str | int
@@ -128,7 +128,7 @@ def aspo_shaping(
     p = read_feature(batch, feature, by=by)
     tool = p >= 0 if used is None else read_feature(batch, used, by=by) != 0
     eligible = correctness(batch) & tool
-    shaped = V.aspo(
+    shaped = advantages.aspo(
       a_seq, p, _lengths(batch), eligible, batch.samples(), delta=delta, k=k
     )
     bias = shaped - jnp.where(batch.samples() > 0, a_seq, 0.0)
@@ -142,7 +142,7 @@ def adora_length_criterion(batch: Batch) -> jax.Array:
   """ADORA's default class of each sample (1 advantageous, 0 not): the
   length criterion `rljax.advantages.adora_length_classes` on the batch's
   correctness, lengths and ``truncated_PG`` (when present)."""
-  return V.adora_length_classes(
+  return advantages.adora_length_classes(
     correctness(batch), _lengths(batch), batch.samples(), batch.truncated_PG
   )
 
@@ -173,7 +173,7 @@ def adora_advantages(
         f"adora_advantages: classify(batch) has shape {classes.shape};"
         f" expected [P, G] = {batch.shape[:2]}."
       )
-    factor = V.adora(jnp.ones(batch.shape[:2]), classes, kappa)
+    factor = advantages.adora(jnp.ones(batch.shape[:2]), classes, kappa)
     adv = stats.f32(batch.advantages_PGT) * factor[..., None]
     return batch._replace(advantages_PGT=adv)
 
@@ -188,7 +188,7 @@ def soft_advantages(*, tau_pos: float = 1.0, tau_neg: float = 1.0) -> Transform:
 
   def fn(batch: Batch) -> Batch:
     batch.require("advantages_PGT", by="soft_advantages")
-    adv = V.soft_advantage(
+    adv = advantages.soft_advantage(
       batch.advantages_PGT, tau_pos=tau_pos, tau_neg=tau_neg
     )
     return batch._replace(advantages_PGT=adv * batch.loss_mask())
@@ -231,7 +231,7 @@ def seed_grpo_advantages(
         stats.masked_sum if weighting == "sequence" else stats.masked_mean
       )
       logp = reduce(batch.old_logp_PGT, batch.mask_PGT, axis=-1)
-    scaled = V.seed_grpo(
+    scaled = advantages.seed_grpo(
       jnp.ones_like(a_seq),
       answer_ids,
       batch.samples(),
@@ -270,7 +270,7 @@ def dagrpo_mask(
       if scores is None
       else read_feature(batch, scores, by=by)
     )
-    w = V.distinctiveness_mask(s, batch.samples(), delta=delta)
+    w = advantages.distinctiveness_mask(s, batch.samples(), delta=delta)
     old = (
       jnp.ones(batch.shape, jnp.float32)
       if batch.policy_weights_PGT is None
@@ -317,7 +317,7 @@ def hdpo_advantages(
   def fn(batch: Batch) -> Batch:
     c = read_feature(batch, cost, by="hdpo_advantages")
     eff = efficiency(c.sum(-1) if c.ndim == 3 else c)
-    a_acc, a_eff = V.hdpo_channels(
+    a_acc, a_eff = advantages.hdpo_channels(
       sequence_rewards(batch),
       eff,
       correctness(batch),
@@ -368,10 +368,10 @@ def copo_advantages(
     by = "copo_advantages"
     rewards, valid = sequence_rewards(batch), batch.samples()
     a_loc = local(rewards, valid)
-    a_glob, h = V.copo_global_advantages(
+    a_glob, h = advantages.copo_global_advantages(
       rewards, _answer_ids(batch, ids, by), valid, eps=eps
     )
-    w = V.copo_weights(h, k=k, b=b)[..., None] * jnp.ones_like(a_loc)
+    w = advantages.copo_weights(h, k=k, b=b)[..., None] * jnp.ones_like(a_loc)
     if forced:
       flat = jnp.all(a_loc == 0, axis=-1, keepdims=True)
       w = jnp.where(flat, 0.0, w)
@@ -395,7 +395,7 @@ def polychromic_advantages(
   *,
   ids: str = "answer_ids_PG",
   set_size: int = 4,
-  diversity: Callable[[jax.Array], jax.Array] = V.distinct_fraction,
+  diversity: Callable[[jax.Array], jax.Array] = advantages.distinct_fraction,
 ) -> Transform:
   """Polychromic (arXiv 2509.25424): ``advantages_PGT`` = the set-level
   advantage `rljax.advantages.polychromic` of the sequence rewards and the
@@ -403,7 +403,7 @@ def polychromic_advantages(
   here the sets are the subsets of each prompt's G samples."""
 
   def fn(batch: Batch) -> Batch:
-    adv = V.polychromic(
+    adv = advantages.polychromic(
       sequence_rewards(batch),
       _answer_ids(batch, ids, "polychromic_advantages"),
       batch.samples(),
@@ -461,13 +461,13 @@ def pf_ppo_resample(
 
   def prepare(batch: Batch, state):
     key = batch.require_key(by="pf_ppo_resample")
-    w = V.pf_ppo_weights(
+    w = advantages.pf_ppo_weights(
       sequence_rewards(batch), batch.samples(), mode=mode, k=k, axis=axis
     )
     if axis == "group":
-      idx = V.pf_ppo_indices(key, w)
+      idx = advantages.pf_ppo_indices(key, w)
     else:
-      idx = V.pf_ppo_indices(key, w.reshape(-1)).reshape(w.shape)
+      idx = advantages.pf_ppo_indices(key, w.reshape(-1)).reshape(w.shape)
     counts = draw_counts(idx, axis)
     return batch._replace(sample_mask_PG=batch.samples() * counts), state
 
@@ -494,7 +494,7 @@ def kimi_length_rewards(*, coef: float = 1.0) -> Transform:
   checks.non_negative(coef=coef)
 
   def fn(batch: Batch) -> Batch:
-    r = V.kimi_length_reward(
+    r = advantages.kimi_length_reward(
       _lengths(batch), correctness(batch), batch.samples()
     )
     return _add_reward(batch, coef * r, "kimi_length_rewards")
@@ -519,7 +519,7 @@ def l_grpo_rewards(
 
   def fn(batch: Batch) -> Batch:
     l_max = batch.shape[-1] if max_length is None else max_length
-    bonus = V.l_grpo_bonus(
+    bonus = advantages.l_grpo_bonus(
       _lengths(batch),
       correctness(batch),
       batch.samples(),
@@ -548,8 +548,8 @@ def grpo_lambda_rewards(
 
   def fn(batch: Batch) -> Batch:
     correct, valid = correctness(batch), batch.samples()
-    top = V.grpo_lambda_mask(correct, valid, fraction=fraction)
-    r = V.kimi_length_reward(_lengths(batch), correct, valid)
+    top = advantages.grpo_lambda_mask(correct, valid, fraction=fraction)
+    r = advantages.kimi_length_reward(_lengths(batch), correct, valid)
     return _add_reward(
       batch, jnp.where(top[:, None], coef * r, 0.0), "grpo_lambda_rewards"
     )

@@ -481,7 +481,7 @@ def test_the_quoted_error_messages_are_rljaxs(monkeypatch):
   from rljax.models import _transformer
   from rljax.training import Trainer
   from rljax.training import _hosts
-  from rljax.training import _trainer
+  from rljax.training import _trainer_setup
 
   messages = []
 
@@ -498,19 +498,19 @@ def test_the_quoted_error_messages_are_rljaxs(monkeypatch):
   # Part of a pod.
   monkeypatch.setattr(jax, "process_count", lambda: POD_HOSTS)
   monkeypatch.setattr(jax, "device_count", lambda: POD_CHIPS)
-  message(_trainer._mesh, (2, 2, 1))
+  message(_trainer_setup.run_mesh, (2, 2, 1))
   monkeypatch.undo()
   # Batch sizes.
   mesh16 = types.SimpleNamespace(
     shape={"data": POD_CHIPS, "fsdp": 1, "tensor": 1}
   )
   smollm2 = _check_train(["--config", "configs/smollm2_grpo.py"])
-  message(_trainer._check_sizes, smollm2, mesh16)
+  message(_trainer_setup.check_sizes, smollm2, mesh16)
   for override in ("train.minibatches=3", "train.microbatches=3"):
     grpo = _check_train(["--config", "configs/grpo.py", override])
-    message(_trainer._check_sizes, grpo, mesh16)
+    message(_trainer_setup.check_sizes, grpo, mesh16)
   # A bucket as output.directory: the Trainer refuses it before it builds
-  # anything (in _check_sizes: no model, no directory, no checkpointer).
+  # anything (in check_sizes: no model, no directory, no checkpointer).
   message(
     Trainer,
     _check_train(

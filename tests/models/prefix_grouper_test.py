@@ -27,7 +27,7 @@ from rljax.models import ValueModel
 from rljax.models import grouped_completion_logprobs
 from rljax.models import init_cache
 from rljax.models import token_logprobs
-from rljax.models._transformer import _attention
+from rljax.models._attention import attention
 from rljax.training import Models
 from rljax.training import Sequences
 from rljax.training import UpdateSpec
@@ -180,7 +180,7 @@ def test_shared_part_attention_by_hand():
   own_k = jnp.array([[0.0, 1.0], [0.0, 1.0]])[:, None, None]  # [2, 1, 1, 2]
   own_v = jnp.array([[0.0, 0.0], [3.0, 3.0]])[:, None, None]
   allowed = jnp.array([[[False, True, True]]] * 2)  # [B, S, 2 + 1]
-  out = jax.jit(_attention)(q, (prompt_k, own_k), (prompt_v, own_v), allowed)
+  out = jax.jit(attention)(q, (prompt_k, own_k), (prompt_v, own_v), allowed)
   np.testing.assert_allclose(
     out[:, 0, 0], [[4.5, 0.0], [4.5, 1.5]], rtol=1e-6, atol=1e-6
   )

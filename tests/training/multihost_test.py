@@ -41,7 +41,8 @@ def _launch_two_hosts(directory, *extra) -> None:
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
-    XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    XLA_FLAGS="--xla_force_host_platform_device_count=4"
+    " --xla_backend_optimization_level=0",
   )
   overrides = [
     *testing.TINY_RUN,

@@ -56,7 +56,8 @@ def _cli(directory, *args, timeout=600, wait=True):
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    XLA_FLAGS="--xla_force_host_platform_device_count=1"
+    " --xla_backend_optimization_level=0",
   )
   if not wait:
     return subprocess.Popen(

@@ -1,0 +1,198 @@
+"""From a `RunConfig` to the `Trainer`'s parts, checked before any work.
+
+Each part the config names is built here (or taken as given in code), and
+what goes wrong becomes a `rljax._src.errors.UserError` that names the
+config field and the fix.
+"""
+
+import dataclasses
+import logging
+import math
+
+import jax
+
+from rljax import algorithms
+from rljax import checkpointing
+from rljax import rollouts
+from rljax import selection
+from rljax import sharding
+from rljax._src.base import Algorithm
+from rljax._src.errors import UserError
+from rljax.training import _build
+from rljax.training._config import RunConfig
+from rljax.training._step import UpdateSpec
+from rljax.training._validate import validate
+
+# The batch fields an algorithm may read that the trainer computes (each
+# one a pass it runs only when a stage reads it).
+NEEDED_FIELDS = (
+  "ref_logp_PGT",
+  "old_logp_PGT",
+  "old_values_PGT",
+  "old_entropy_PGT",
+  "baseline_rewards_P",
+  "teacher_logp_PGT",
+)
+
+
+def from_config(field: str, build, *args, **kwargs):
+  """`build(*args, **kwargs)`, its errors as `UserError`s naming `field`."""
+  try:
+    return build(*args, **kwargs)
+  except UserError:
+    raise
+  except (ValueError, TypeError, ImportError, FileNotFoundError) as e:
+    raise UserError(f"{field}: {e}") from e
+
+
+def check_sizes(config: RunConfig, mesh) -> None:
+  """The config's own checks, then the global batch against the mesh."""
+  validate(config)
+  p = config.train.prompts_per_step
+  try:
+    sharding.check_batch("train.prompts_per_step", p, mesh)
+  except ValueError as e:  # the message names the field and the fix
+    raise UserError(str(e)) from e
+  slots = config.sampler.slots
+  shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  if slots is not None and slots % shards:
+    raise UserError(
+      f"sampler.slots={slots} must be a multiple of the mesh's batch"
+      f" shards ({shards}, data x fsdp); use {-(-slots // shards) * shards}."
+    )
+
+
+def run_mesh(sizes):
+  """The run's mesh; a fully specified one may use fewer than all devices."""
+  used = math.prod(sizes)
+  if -1 in sizes or used >= jax.device_count():
+    return from_config("train.mesh", sharding.make_mesh, *sizes)
+  if jax.process_count() > 1:
+    raise UserError(
+      f"train.mesh={sizes} uses {used} of {jax.device_count()} devices; a"
+      " multi-host run must use every device of every host (set one axis to"
+      " -1)."
+    )
+  logging.getLogger("rljax").warning(
+    "train.mesh=%s uses %d of %d devices.", sizes, used, jax.device_count()
+  )
+  return sharding.make_mesh(*sizes, devices=jax.devices()[:used])
+
+
+def prompt_sampler(config: RunConfig, given) -> selection.PromptSampler:
+  """The prompt sampler given in code, or the one ``sampler.prompts``
+  names."""
+  s = config.sampler
+  return given or from_config(
+    "sampler.prompts",
+    selection.get,
+    s.prompts,
+    **{"num_samples": s.num_samples, **s.prompts_kwargs},
+  )
+
+
+def group_strategy(config: RunConfig, given):
+  """The group strategy given in code, or the one ``sampler.groups`` names
+  (None: plain groups)."""
+  s = config.sampler
+  if given is None and s.groups is not None:
+    return from_config(
+      "sampler.groups", rollouts.get, s.groups, **s.groups_kwargs
+    )
+  return given
+
+
+def run_task(config: RunConfig, task, rewards):
+  """The task given in code or ``config.task`` names, with the reward
+  functions given in code and ``task.extra_rewards``."""
+  c = config
+  task = task or from_config("task", _build.build_task, c.task, c.sandbox)
+  if rewards is not None:
+    task = dataclasses.replace(task, rewards=_build.check_rewards(rewards))
+  if c.task.extra_rewards:
+    extra = from_config(
+      "task.extra_rewards", _build.extra_rewards, c.task.extra_rewards
+    )
+    task = dataclasses.replace(task, rewards=(*task.rewards, *extra))
+  return task
+
+
+def algorithm(config: RunConfig) -> Algorithm:
+  """The preset ``config.algorithm`` names, with its hyperparameters."""
+  c = config.algorithm
+  return from_config("algorithm", algorithms.get, c.name, **c.kwargs)
+
+
+def rescored_models(algorithm: Algorithm) -> set[str]:
+  """The models a stage's own log-prob passes (`rljax.Rescore`) read."""
+  return {r.model for r in algorithm.rescores}
+
+
+def check_policy(config: RunConfig, algorithm: Algorithm, model) -> None:
+  """Refuse master weights under a scaled step; warn that a mixture of
+  experts is not replayed by the rollout engine."""
+  c = config
+  if c.optim.master_weights and algorithm.transform.step_scale:
+    raise UserError(
+      f"optim.master_weights=True: algorithm {c.algorithm.name!r} scales"
+      " each optimizer step (Transform.step_scale), which would move the"
+      " weights off their float32 master copies. Use master_weights=False"
+      " (with model.param_dtype='float32') for this algorithm."
+    )
+  if model.config.num_experts and c.sampler.engine != "static":
+    logging.getLogger("rljax").warning(
+      "A mixture-of-experts policy with sampler.engine=%r: the rollout"
+      " engine does not record routing yet, so the update routes tokens"
+      " afresh (no routing replay). sampler.engine='static' records each"
+      " token's experts and the update replays them.",
+      c.sampler.engine,
+    )
+
+
+def bind_groups(config: RunConfig, groups, task, tokenizer):
+  """The group strategy prepared for `task` and bound to the tokenizer."""
+  if config.sampler.engine != "continuous":
+    raise UserError(
+      f"a group strategy ({type(groups).__name__}) samples with the"
+      " rollout engine: set sampler.engine='continuous'."
+    )
+  groups = from_config("sampler.groups", groups.prepare, task)
+  return groups.bind(tokenizer, chat=config.model.chat_template)
+
+
+def checkpointer(config: RunConfig, directory):
+  """The run's `Checkpointer` (None without ``output.checkpoint_every``)."""
+  o = config.output
+  if not o.checkpoint_every:
+    return None
+  return checkpointing.Checkpointer(
+    directory, keep=o.keep_checkpoints, save_every=o.checkpoint_every
+  )
+
+
+def check_reference_resets(config: RunConfig, state) -> None:
+  """``train.reference_resets`` need a reference policy in the state."""
+  c = config
+  if c.train.reference_resets and state.reference is None:
+    raise ValueError(
+      f"train.reference_resets={c.train.reference_resets}, but algorithm"
+      f" {c.algorithm.name!r} keeps no reference policy (it reads no"
+      " reference log-probs); drop train.reference_resets or add a KL to"
+      " the reference."
+    )
+
+
+def update_spec(config: RunConfig) -> UpdateSpec:
+  """The update's static settings (at the run's temperature)."""
+  c = config
+  return UpdateSpec(
+    completion_width=c.sampler.max_new_tokens,
+    epochs=c.train.epochs,
+    minibatches=c.train.minibatches,
+    microbatches=c.train.microbatches,
+    temperature=c.sampler.temperature,
+    schedule=c.model.logprob_schedule,
+    value_eps=c.algorithm.value_eps,
+    prefix_grouper=c.model.prefix_grouper,
+    router_aux_coef=c.model.router_aux_coef,
+  )
