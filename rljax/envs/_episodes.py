@@ -46,6 +46,27 @@ class _Episode:
   truncated: bool = False
   error: str = ""  # why the environment ended the episode abnormally
 
+  def record(self, reward: float, tool_calls: int, tool_errors: int) -> None:
+    """A step's reward and tool counts."""
+    self.rewards.append(reward)
+    self.tool_calls.append(tool_calls)
+    self.tool_errors.append(tool_errors)
+
+  def copy(self, g: int) -> "_Episode":
+    """A branch: sample `g` with a fork of the environment and copies of
+    the lists so far."""
+    return dataclasses.replace(
+      self,
+      g=g,
+      env=self.env.fork(),
+      actions=list(self.actions),
+      rewards=list(self.rewards),
+      states=list(self.states),
+      tool_calls=list(self.tool_calls),
+      tool_errors=list(self.tool_errors),
+      nodes=list(self.nodes),
+    )
+
 
 class Episodes(NamedTuple):
   """The episodes of a [P, G] batch.
@@ -176,25 +197,92 @@ def run_episodes(
       f"width ({width}), turn_tokens ({turn_tokens}) and max_turns"
       f" ({max_turns}) must be >= 1."
     )
-  stop_strings = ()
-  episodes: list[_Episode] = []
-  by_uid: dict[int, _Episode] = {}
-  stats = dict.fromkeys(
-    (
-      "episodes",
-      "turns",
-      "tool_calls",
-      "tool_errors",
-      "env_errors",
-      "env_timeouts",
-      "truncated",
-    ),
-    0,
+  run = _Run(
+    engine,
+    renderer,
+    g=g,
+    budget=budget,
+    turn_tokens=turn_tokens,
+    max_turns=max_turns,
+    step_timeout=step_timeout,
+    branch=branch,
   )
-  for i, example in enumerate(examples):
-    key_i = jax.random.fold_in(key, i)
+  run.start(make_env, examples, counts, key, temperature)
+  run.decode(model, overlap, workers)
+  return _collect(run.episodes, p, g, width, max_turns, run.stats)
+
+
+@dataclasses.dataclass(eq=False)
+class _Run:
+  """One `run_episodes` call: its episodes, counts and environment-step
+  pool, and the steps that the engine's hooks (``on_stop``, ``poll``)
+  take between decoding segments."""
+
+  engine: sampling.Engine
+  renderer: Renderer
+  g: int
+  budget: int
+  turn_tokens: int
+  max_turns: int
+  step_timeout: Optional[float]
+  branch: Optional[Callable[[BranchPoint], int]]
+
+  def __post_init__(self):
+    self.tokenizer = self.renderer.tokenizer
+    self.probe = int(getattr(self.branch, "probe_tokens", 0) or 0)
+    self.stop_ids = set(self.engine.stop_ids)
+    self.stop_strings = ()
+    self.episodes: list[_Episode] = []
+    self.by_uid: dict[int, _Episode] = {}
+    self.size: list[int] = []  # episodes per group so far
+    self.node_count = 0
+    self.env_seconds = 0.0
+    self.pool = None
+    # Several processes, or trees (a group's budget goes to the forks that
+    # ask first): every step started in a segment is applied before the
+    # next one, so the schedule does not depend on timing.
+    self.together = jax.process_count() > 1 or self.branch is not None
+    self.stats = dict.fromkeys(
+      (
+        "episodes",
+        "turns",
+        "tool_calls",
+        "tool_errors",
+        "env_errors",
+        "env_timeouts",
+        "truncated",
+      ),
+      0,
+    )
+
+  # --- starting ---------------------------------------------------------------
+
+  def start(self, make_env, examples, counts, key, temperature) -> None:
+    """Reset ``counts[p]`` environments per example and queue their
+    prompts; episodes with equal prompts share one engine prompt."""
+    p = len(examples)
+    for i, example in enumerate(examples):
+      key_i = jax.random.fold_in(key, i)
+      starts = self._reset(make_env, i, example, counts[i])
+      for k, (tokens, group) in enumerate(sorted(starts.items())):
+        seqs = self.engine.add(
+          list(tokens),
+          key=jax.random.fold_in(key_i, k),
+          max_new_tokens=min(self.turn_tokens, self.budget),
+          num_samples=len(group),
+          temperature=temperature,
+          keep=True,
+          shard=i * self.engine.shards // max(p, 1),
+        )
+        for ep, seq in zip(group, seqs):
+          ep.seq = seq
+          self.by_uid[seq.uid] = ep
+    self.size = [counts[i] for i in range(p)]
+
+  def _reset(self, make_env, i: int, example, count: int) -> dict:
+    """`count` fresh episodes of example `i`, by their prompt's tokens."""
     starts: dict[tuple, list[_Episode]] = {}
-    for j in range(counts[i]):
+    for j in range(count):
       env = make_env()
       start = env.reset(example)
       if not isinstance(start, Start):
@@ -202,263 +290,280 @@ def run_episodes(
           f"{type(env).__name__}.reset returned {type(start).__name__};"
           " it must return envs.Start."
         )
-      stop_strings = tuple(env.stop_strings) or stop_strings
+      self.stop_strings = tuple(env.stop_strings) or self.stop_strings
       ep = _Episode(i, j, env, start, states=[start.state])
-      episodes.append(ep)
-      tokens = tuple(renderer.prompt(start.prompt, start.tools))
+      self.episodes.append(ep)
+      tokens = tuple(self.renderer.prompt(start.prompt, start.tools))
       starts.setdefault(tokens, []).append(ep)
-    for k, (tokens, group) in enumerate(sorted(starts.items())):
-      seqs = engine.add(
-        list(tokens),
-        key=jax.random.fold_in(key_i, k),
-        max_new_tokens=min(turn_tokens, budget),
-        num_samples=len(group),
-        temperature=temperature,
-        keep=True,
-        shard=i * engine.shards // max(p, 1),
+    return starts
+
+  def decode(self, model, overlap: bool, workers: int) -> None:
+    """Run the engine until every episode has ended; fill in the stats."""
+    engine = self.engine
+    if overlap:
+      self.pool = futures.ThreadPoolExecutor(max(1, workers))
+    rule = engine.stop_rule
+    if self.stop_strings:
+      engine.stop_rule = sampling.stop_at_strings(
+        self._decode, self.stop_strings
       )
-      for ep, seq in zip(group, seqs):
-        ep.seq = seq
-        by_uid[seq.uid] = ep
-  probe = int(getattr(branch, "probe_tokens", 0) or 0)
-  size = [counts[i] for i in range(p)]  # episodes per group so far
-  node_count = [0]
-  tokenizer = renderer.tokenizer
-  stop_ids = set(engine.stop_ids)
-  pool = futures.ThreadPoolExecutor(max(1, workers)) if overlap else None
-  # Several processes, or trees (a group's budget goes to the forks that
-  # ask first): every step started in a segment is applied before the next
-  # one, so the schedule does not depend on timing.
-  together = jax.process_count() > 1 or branch is not None
-  clock = {"env": 0.0}
-
-  def finish(ep: _Episode, *, truncated: bool = False) -> None:
-    ep.done = True
-    ep.truncated = ep.truncated or truncated
-    engine.release(ep.seq)
+    t0 = time.perf_counter()
     try:
-      ep.env.close()
-    except Exception as e:  # noqa: BLE001 - a close failure ends nothing
-      _warn_once(type(ep.env).__name__ + ".close", e)
+      engine.run(model, on_stop=self.on_stop, poll=self.poll)
+    finally:
+      engine.stop_rule = rule
+      if self.pool is not None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+    self.stats["episodes"] = len(self.episodes)
+    self.stats["seconds"] = time.perf_counter() - t0
+    self.stats["env_seconds"] = self.env_seconds
+    for ep in self.episodes:
+      if not ep.done:  # the engine ended it (capacity) between steps
+        self.finish(ep, truncated=True)
+    self.stats["truncated"] = sum(ep.truncated for ep in self.episodes)
 
-  def surprise(seq, begin: int, n: Optional[int] = None) -> float:
-    logp = seq.full_logp[begin:]
-    logp = logp if n is None else logp[:n]
-    return float(-np.mean(logp)) if logp else 0.0
+  # --- actions (after a segment) ----------------------------------------------
 
-  def action_of(ep: _Episode, seq) -> Action:
+  def on_stop(self, seqs) -> None:
+    """End the actions of the sequences that stopped: start their
+    environment steps, or decide at a probe's end whether to branch."""
+    for seq in seqs:
+      ep = self.by_uid.get(seq.uid)
+      if ep is None or ep.done:
+        continue
+      if ep.first_entropy is None:
+        ep.first_entropy = _surprise(seq, ep.begin, self.probe or None)
+      if ep.probing and seq.stop_reason == _LENGTH:
+        self._after_probe(ep, seq)
+        continue
+      ep.probing = 0
+      self._end_action(ep, seq)
+
+  def _after_probe(self, ep: _Episode, seq) -> None:
+    """A probe point: fork the episode as the branch rule says, or let it
+    sample the rest of its action."""
+    left, ep.probing = ep.probing, 0
+    n = self._ask_branch(
+      BranchPoint(
+        group=ep.p,
+        turn=len(ep.actions),
+        action=self._action_of(ep, seq),
+        step=ep.last_step,
+        entropy=_surprise(seq, ep.begin),
+        first_entropy=ep.first_entropy,
+        tool_calls=int(ep.last_step.tool_calls) if ep.last_step else 0,
+        leaves=self.size[ep.p],
+        budget=self.g,
+      )
+    )
+    if n:
+      self._fork(ep, n, (), left)
+    else:
+      self.engine.extend(seq, [], max_new_tokens=left)
+
+  def _end_action(self, ep: _Episode, seq) -> None:
+    """Record the action and start its environment step (in the pool, or
+    now in serial mode), unless the context budget is spent."""
+    end = len(seq.completion)
+    action = self._action_of(ep, seq)
+    ep.actions.append((ep.begin, end))
+    self.node_count += 1
+    ep.nodes.append(self.node_count)
+    self.stats["turns"] += 1
+    if end >= self.budget:  # the context budget is spent
+      ep.record(0.0, 0, 0)
+      self.finish(ep, truncated=True)
+      return
+    if self.pool is None:
+      ep.result = _safe_step(ep.env, action)
+      self.env_seconds += ep.result[1]
+    else:
+      ep.future = self.pool.submit(_safe_step, ep.env, action)
+      ep.deadline = time.monotonic() + (self.step_timeout or float("inf"))
+
+  def _action_of(self, ep: _Episode, seq) -> Action:
     turn = seq.completion[ep.begin :]
-    stopped = bool(turn) and turn[-1] in stop_ids
+    stopped = self._stopped(turn)
     return Action(
-      text=tokenizer.decode(turn[:-1] if stopped else turn, skip_special=False),
+      text=self._decode(turn[:-1] if stopped else turn),
       tokens=tuple(turn),
       turn=len(ep.actions),
-      truncated=seq.stop_reason
-      not in (sampling.REASONS.index("stop_id"), _STOP_RULE),
+      truncated=seq.stop_reason not in (_STOP_ID, _STOP_RULE),
     )
 
-  def fork(ep: _Episode, n: int, tokens, max_new_tokens: int) -> None:
+  # --- environment steps (before a segment) -----------------------------------
+
+  def poll(self, block: bool) -> bool:
+    """Apply the environment steps that have finished (waiting for them
+    when `block` or `together`); returns whether any is still running."""
+    for ep in self.episodes:  # serial mode: results of the last segment
+      if ep.result is not None:
+        result, ep.result = ep.result, None
+        self._apply(ep, result)
+    if self.pool is None:
+      return False
+    pending = [ep for ep in self.episodes if ep.future is not None]
+    if not pending:
+      return False
+    t0 = time.perf_counter()
+    if block or self.together:
+      self._wait(pending)
+    self.env_seconds += time.perf_counter() - t0
+    now = time.monotonic()
+    for ep in pending:
+      if ep.future.done():
+        result, ep.future = ep.future.result(), None
+        self._apply(ep, result)
+      elif now >= ep.deadline:
+        ep.future = None
+        self._apply(ep, ("timeout", now - ep.deadline + self.step_timeout))
+    return any(ep.future is not None for ep in self.episodes)
+
+  def _wait(self, pending: list[_Episode]) -> None:
+    """Wait for the first (or, `together`, every) pending step, at most
+    until the earliest deadline."""
+    deadline = min(ep.deadline for ep in pending)
+    wait = None if deadline == float("inf") else deadline - time.monotonic()
+    futures.wait(
+      [ep.future for ep in pending],
+      timeout=None if wait is None else max(wait, 0.0),
+      return_when=futures.ALL_COMPLETED
+      if self.together
+      else futures.FIRST_COMPLETED,
+    )
+
+  def _apply(self, ep: _Episode, timed) -> None:
+    """Apply a finished step: end the episode, or queue its next action
+    after the observation."""
+    result, seconds = timed
+    if self.step_timeout is not None and seconds > self.step_timeout:
+      result = "timeout"
+    if isinstance(result, str):  # the step raised or timed out
+      ep.error = result
+      self.stats["env_timeouts" if result == "timeout" else "env_errors"] += 1
+      ep.record(0.0, 0, 0)
+      self.finish(ep)
+      return
+    ep.record(
+      float(result.reward), int(result.tool_calls), int(result.tool_errors)
+    )
+    self.stats["tool_calls"] += int(result.tool_calls)
+    self.stats["tool_errors"] += int(result.tool_errors)
+    if result.done or len(ep.actions) >= self.max_turns:
+      self.finish(ep)
+      return
+    last = ep.seq.completion[ep.begin :]
+    try:
+      obs = self.renderer.observation(
+        result.observation, stopped=self._stopped(last)
+      )
+    except ValueError as e:  # e.g. characters a tokenizer cannot encode
+      _warn_once(type(ep.env).__name__ + " observation", e)
+      ep.error = f"ValueError: {e}"
+      self.stats["env_errors"] += 1
+      self.finish(ep)
+      return
+    self._next_action(ep, result, last, obs)
+
+  def _next_action(self, ep: _Episode, result: Step, last, obs) -> None:
+    """Queue the action after observation `obs` (if it fits the budget):
+    probe its first tokens, or fork it where the branch rule says."""
+    seq = ep.seq
+    room = self.budget - len(seq.completion) - len(obs)
+    if room < 1 or len(seq.tokens) + len(obs) + 1 >= self.engine.max_length:
+      self.finish(ep, truncated=True)
+      return
+    ep.states.append(result.state)
+    ep.begin = len(seq.completion) + len(obs)
+    turn = min(self.turn_tokens, room)
+    probe = self.probe
+    if self.branch is not None and probe and turn > probe:
+      ep.probing = turn - probe  # decide k tokens into the next action
+      ep.last_step = result
+      self.engine.extend(seq, obs, max_new_tokens=probe)
+      return
+    n = 0
+    if self.branch is not None and not probe:
+      n = self._ask_branch(
+        BranchPoint(
+          group=ep.p,
+          turn=len(ep.actions) - 1,
+          action=Action(
+            text=self._decode(last),
+            tokens=tuple(last),
+            turn=len(ep.actions) - 1,
+          ),
+          step=result,
+          entropy=_surprise(seq, ep.actions[-1][0]),
+          first_entropy=ep.first_entropy or 0.0,
+          tool_calls=int(result.tool_calls),
+          leaves=self.size[ep.p],
+          budget=self.g,
+        )
+      )
+    if n:
+      self._fork(ep, n, obs, turn)
+    else:
+      self.engine.extend(seq, obs, max_new_tokens=turn)
+
+  # --- episodes ---------------------------------------------------------------
+
+  def _ask_branch(self, point: BranchPoint) -> int:
+    """The branch rule's extra branches at `point`, clipped to what the
+    group's size leaves."""
+    n = self.branch(point)
+    return max(0, min(int(n), self.g - self.size[point.group]))
+
+  def _fork(self, ep: _Episode, n: int, tokens, max_new_tokens: int) -> None:
     """Continue `ep` as n + 1 branches sharing its cache."""
     parent = ep.seq
-    kids = engine.fork(
+    kids = self.engine.fork(
       parent,
       n + 1,
       max_new_tokens=max_new_tokens,
       tokens=tokens,
       keep=True,
     )
-    engine.release(parent)
+    self.engine.release(parent)
     for j, kid in enumerate(kids):
       if not tokens:  # a probe's branches: the action began before it
         kid.turn_start = parent.turn_start
       if j == 0:
         twin = ep
       else:
-        twin = dataclasses.replace(
-          ep,
-          g=size[ep.p],
-          env=ep.env.fork(),
-          actions=list(ep.actions),
-          rewards=list(ep.rewards),
-          states=list(ep.states),
-          tool_calls=list(ep.tool_calls),
-          tool_errors=list(ep.tool_errors),
-          nodes=list(ep.nodes),
-        )
-        size[ep.p] += 1
-        episodes.append(twin)
+        twin = ep.copy(g=self.size[ep.p])
+        self.size[ep.p] += 1
+        self.episodes.append(twin)
       twin.seq = kid
-      by_uid[kid.uid] = twin
+      self.by_uid[kid.uid] = twin
 
-  def on_stop(seqs) -> None:
-    for seq in seqs:
-      ep = by_uid.get(seq.uid)
-      if ep is None or ep.done:
-        continue
-      end = len(seq.completion)
-      if ep.first_entropy is None:
-        ep.first_entropy = surprise(seq, ep.begin, probe or None)
-      if ep.probing and seq.stop_reason == sampling.REASONS.index("length"):
-        left, ep.probing = ep.probing, 0
-        n = branch(
-          BranchPoint(
-            group=ep.p,
-            turn=len(ep.actions),
-            action=action_of(ep, seq),
-            step=ep.last_step,
-            entropy=surprise(seq, ep.begin),
-            first_entropy=ep.first_entropy,
-            tool_calls=int(ep.last_step.tool_calls) if ep.last_step else 0,
-            leaves=size[ep.p],
-            budget=g,
-          )
-        )
-        n = max(0, min(int(n), g - size[ep.p]))
-        if n:
-          fork(ep, n, (), left)
-        else:
-          engine.extend(seq, [], max_new_tokens=left)
-        continue
-      ep.probing = 0
-      action = action_of(ep, seq)
-      ep.actions.append((ep.begin, end))
-      node_count[0] += 1
-      ep.nodes.append(node_count[0])
-      stats["turns"] += 1
-      if end >= budget:  # the context budget is spent
-        ep.rewards.append(0.0)
-        ep.tool_calls.append(0)
-        ep.tool_errors.append(0)
-        finish(ep, truncated=True)
-        continue
-      if pool is None:
-        ep.result = _safe_step(ep.env, action)
-        clock["env"] += ep.result[1]
-      else:
-        ep.future = pool.submit(_safe_step, ep.env, action)
-        ep.deadline = time.monotonic() + (step_timeout or float("inf"))
-
-  def apply(ep: _Episode, timed) -> None:
-    result, seconds = timed
-    if step_timeout is not None and seconds > step_timeout:
-      result = "timeout"
-    if isinstance(result, str):  # the step raised or timed out
-      ep.error = result
-      stats["env_timeouts" if result == "timeout" else "env_errors"] += 1
-      ep.rewards.append(0.0)
-      ep.tool_calls.append(0)
-      ep.tool_errors.append(0)
-      finish(ep)
-      return
-    ep.rewards.append(float(result.reward))
-    ep.tool_calls.append(int(result.tool_calls))
-    ep.tool_errors.append(int(result.tool_errors))
-    stats["tool_calls"] += int(result.tool_calls)
-    stats["tool_errors"] += int(result.tool_errors)
-    if result.done or len(ep.actions) >= max_turns:
-      finish(ep)
-      return
-    seq = ep.seq
-    last = seq.completion[ep.begin :]
-    stopped = bool(last) and last[-1] in stop_ids
+  def finish(self, ep: _Episode, *, truncated: bool = False) -> None:
+    ep.done = True
+    ep.truncated = ep.truncated or truncated
+    self.engine.release(ep.seq)
     try:
-      obs = renderer.observation(result.observation, stopped=stopped)
-    except ValueError as e:  # e.g. characters a tokenizer cannot encode
-      _warn_once(type(ep.env).__name__ + " observation", e)
-      ep.error = f"ValueError: {e}"
-      stats["env_errors"] += 1
-      finish(ep)
-      return
-    room = budget - len(seq.completion) - len(obs)
-    if room < 1 or len(seq.tokens) + len(obs) + 1 >= engine.max_length:
-      finish(ep, truncated=True)
-      return
-    ep.states.append(result.state)
-    ep.begin = len(seq.completion) + len(obs)
-    turn = min(turn_tokens, room)
-    if branch is not None and probe and turn > probe:
-      ep.probing = turn - probe  # decide k tokens into the next action
-      ep.last_step = result
-      engine.extend(seq, obs, max_new_tokens=probe)
-      return
-    n = 0
-    if branch is not None and not probe:
-      n = branch(
-        BranchPoint(
-          group=ep.p,
-          turn=len(ep.actions) - 1,
-          action=Action(
-            text=tokenizer.decode(last, skip_special=False),
-            tokens=tuple(last),
-            turn=len(ep.actions) - 1,
-          ),
-          step=result,
-          entropy=surprise(seq, ep.actions[-1][0]),
-          first_entropy=ep.first_entropy or 0.0,
-          tool_calls=int(result.tool_calls),
-          leaves=size[ep.p],
-          budget=g,
-        )
-      )
-      n = max(0, min(int(n), g - size[ep.p]))
-    if n:
-      fork(ep, n, obs, turn)
-    else:
-      engine.extend(seq, obs, max_new_tokens=turn)
+      ep.env.close()
+    except Exception as e:  # noqa: BLE001 - a close failure ends nothing
+      _warn_once(type(ep.env).__name__ + ".close", e)
 
-  def poll(block: bool) -> bool:
-    for ep in episodes:  # serial mode: results of the last segment
-      if ep.result is not None:
-        result, ep.result = ep.result, None
-        apply(ep, result)
-    if pool is None:
-      return False
-    pending = [ep for ep in episodes if ep.future is not None]
-    if not pending:
-      return False
-    t0 = time.perf_counter()
-    if block or together:
-      deadline = min(ep.deadline for ep in pending)
-      wait = None if deadline == float("inf") else deadline - time.monotonic()
-      futures.wait(
-        [ep.future for ep in pending],
-        timeout=None if wait is None else max(wait, 0.0),
-        return_when=futures.ALL_COMPLETED
-        if together
-        else futures.FIRST_COMPLETED,
-      )
-    clock["env"] += time.perf_counter() - t0
-    now = time.monotonic()
-    for ep in pending:
-      if ep.future.done():
-        result, ep.future = ep.future.result(), None
-        apply(ep, result)
-      elif now >= ep.deadline:
-        ep.future = None
-        apply(ep, ("timeout", now - ep.deadline + step_timeout))
-    return any(ep.future is not None for ep in episodes)
+  def _stopped(self, tokens) -> bool:
+    """Whether an action's `tokens` end with a stop token."""
+    return bool(tokens) and tokens[-1] in self.stop_ids
 
-  rule = engine.stop_rule
-  if stop_strings:
-    decode = lambda ids: tokenizer.decode(ids, skip_special=False)  # noqa: E731
-    engine.stop_rule = sampling.stop_at_strings(decode, stop_strings)
-  t0 = time.perf_counter()
-  try:
-    engine.run(model, on_stop=on_stop, poll=poll)
-  finally:
-    engine.stop_rule = rule
-    if pool is not None:
-      pool.shutdown(wait=False, cancel_futures=True)
-  stats["episodes"] = len(episodes)
-  stats["seconds"] = time.perf_counter() - t0
-  stats["env_seconds"] = clock["env"]
-  for ep in episodes:
-    if not ep.done:  # the engine ended it (capacity) between steps
-      finish(ep, truncated=True)
-  stats["truncated"] = sum(ep.truncated for ep in episodes)
-  return _collect(episodes, p, g, width, max_turns, stats)
+  def _decode(self, ids) -> str:
+    return self.tokenizer.decode(ids, skip_special=False)
 
 
+def _surprise(seq, begin: int, n: Optional[int] = None) -> float:
+  """The mean -log p (full distribution) of the sequence's completion
+  tokens from `begin` (the first `n` of them)."""
+  logp = seq.full_logp[begin:]
+  logp = logp if n is None else logp[:n]
+  return float(-np.mean(logp)) if logp else 0.0
+
+
+_STOP_ID = sampling.REASONS.index("stop_id")
+_LENGTH = sampling.REASONS.index("length")
 _STOP_RULE = sampling.REASONS.index("stop_rule")
 
 

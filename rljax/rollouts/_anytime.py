@@ -95,7 +95,7 @@ def sample_anytime(
     ``anytime_chunk_PGT``).
   """
   budgets = [int(b) for b in budgets]
-  n, s, a = int(num_traces), len(budgets), int(num_summaries)
+  n, a = int(num_traces), int(num_summaries)
   marker = list(marker)
   cut = marker if cut_marker is None else list(cut_marker)
   if budgets[-1] > width or summary_tokens > width:
@@ -103,6 +103,27 @@ def sample_anytime(
       f"budgets[-1]={budgets[-1]} and summary_tokens={summary_tokens} must"
       f" fit the rollout width {width} (sampler.max_new_tokens)."
     )
+  traces = _draw_traces(
+    engine, model, prompts, key, n, budgets[-1], temperature
+  )
+  return _draw_summaries(
+    engine,
+    model,
+    prompts,
+    traces,
+    key,
+    budgets=budgets,
+    markers=(marker, cut),
+    num_traces=n,
+    num_summaries=a,
+    summary_tokens=summary_tokens,
+    width=width,
+    temperature=temperature,
+  )
+
+
+def _draw_traces(engine, model, prompts, key, n, max_new_tokens, temperature):
+  """Each prompt's `n` thinking traces (one `Engine.add` per prompt)."""
   p = len(prompts)
   traces = []
   for i, prompt in enumerate(prompts):
@@ -110,13 +131,36 @@ def sample_anytime(
       engine.add(
         list(prompt),
         key=jax.random.fold_in(jax.random.fold_in(key, i), 0),
-        max_new_tokens=budgets[-1],
+        max_new_tokens=max_new_tokens,
         num_samples=n,
         temperature=temperature,
         shard=i * engine.shards // p,
       )
     )
   engine.run(model)
+  return traces
+
+
+def _draw_summaries(
+  engine,
+  model,
+  prompts,
+  traces,
+  key,
+  *,
+  budgets,
+  markers,
+  num_traces,
+  num_summaries,
+  summary_tokens,
+  width,
+  temperature,
+):
+  """The rollout and extras of the traces and their summaries, A per
+  budget, those of one (trace, cut) prefix drawn in one `Engine.add`
+  (`markers`: the forced texts after an ended and after a cut trace)."""
+  p, s = len(prompts), len(budgets)
+  n, a = num_traces, num_summaries
   extra = _layout(p, n, s, a, width)
   out = sampling.RolloutBuilder(p, n * (1 + s * a), width)
   prefixes = [[None] * (n * (1 + s * a)) for _ in range(p)]
@@ -130,7 +174,7 @@ def sample_anytime(
       extra["anytime_length_PG"][i, t] = size
       chunks = np.searchsorted(budgets, np.arange(size), "right")
       extra["anytime_chunk_PGT"][i, t, :size] = chunks
-      for length, slots, tail in _cuts(seq, budgets, marker, cut):
+      for length, slots, tail in _cuts(seq, budgets, *markers):
         prefix = list(prompt) + tail
         rows = [n + (t * s + b) * a + k for b in slots for k in range(a)]
         seqs = engine.add(

@@ -232,120 +232,187 @@ def sample_trees(
   """
   branching = [int(b) for b in branching]
   g = _check_options(branching, leaves, divergence, fallback, fallback_leaves)
-  depth = len(branching)
   if int(segment) < 1:
     raise ValueError(f"segment={segment}; it must be >= 1.")
   if max_new_tokens > width:
     raise ValueError(
       f"max_new_tokens={max_new_tokens} exceeds the rollout width {width}."
     )
-  p = len(prompts)
-
-  def budget(d, left):  # the tokens of a node at depth d
-    return left if d == depth else min(segment, left)
-
-  counter = [0] * p
-  active = []  # nodes queued for this round, in creation order
-  for i, prompt in enumerate(prompts):
-    for s in engine.add(
-      list(prompt),
-      key=jax.random.fold_in(key, i),
-      max_new_tokens=budget(1, max_new_tokens),
-      num_samples=branching[0],
-      temperature=temperature,
-      keep=depth > 1,
-      shard=i * engine.shards // p,
-    ):
-      active.append(_Node(i, [counter[i]], s))
-      counter[i] += 1
-  done: list[list] = [[] for _ in range(p)]  # finished leaves
-  fallbacks = [0] * p  # fallback adds per prompt
-  rngs: dict = {}
+  trees = _Trees(
+    engine,
+    prompts,
+    key,
+    branching,
+    g,
+    segment=segment,
+    max_new_tokens=max_new_tokens,
+    temperature=temperature,
+    divergence=divergence,
+    divergence_temperature=divergence_temperature,
+    fallback=fallback,
+    fallback_leaves=fallback_leaves,
+  )
+  active = trees.plant()
   while active:
     engine.run(model)
+    live, freed = trees.settle(active)
+    active = trees.fork(live, freed)
+    if fallback is not None:
+      active += trees.regrow({n.prompt for n in active})
+  done = [[n for n, _ in d] for d in trees.done]
+  return _assemble(prompts, done, g, len(branching), width)
+
+
+@dataclasses.dataclass(eq=False)
+class _Trees:
+  """The growing trees of one `sample_trees` call: the nodes of each
+  prompt so far (`counter`), its finished leaves (`done`, each with
+  whether it ended) and its fallback streams."""
+
+  engine: sampling.Engine
+  prompts: Sequence[Sequence[int]]
+  key: jax.Array
+  branching: list
+  g: int
+  segment: int
+  max_new_tokens: int
+  temperature: float
+  divergence: str
+  divergence_temperature: float
+  fallback: Optional[str]
+  fallback_leaves: str
+
+  def __post_init__(self):
+    p = len(self.prompts)
+    self.depth = len(self.branching)
+    self.counter = [0] * p
+    self.done: list[list] = [[] for _ in range(p)]  # finished leaves
+    self.fallbacks = [0] * p  # fallback adds per prompt
+    self.rngs: dict = {}
+
+  def budget(self, d, left):
+    """The tokens of a node at depth d, with `left` tokens left."""
+    return left if d == self.depth else min(self.segment, left)
+
+  def _node(self, i, path, seq, head=((), (), ()), bounds=()) -> _Node:
+    """A new node of prompt i, its id the prompt's next."""
+    node = _Node(i, path + [self.counter[i]], seq, head, bounds)
+    self.counter[i] += 1
+    return node
+
+  def plant(self) -> list[_Node]:
+    """Queue each prompt's ``branching[0]`` roots; returns them."""
+    engine, p = self.engine, len(self.prompts)
+    active = []  # nodes queued for this round, in creation order
+    for i, prompt in enumerate(self.prompts):
+      for s in engine.add(
+        list(prompt),
+        key=jax.random.fold_in(self.key, i),
+        max_new_tokens=self.budget(1, self.max_new_tokens),
+        num_samples=self.branching[0],
+        temperature=self.temperature,
+        keep=self.depth > 1,
+        shard=i * engine.shards // p,
+      ):
+        active.append(self._node(i, [], s))
+    return active
+
+  def settle(self, active: list[_Node]) -> tuple[list, list]:
+    """After a round: finish the nodes that are leaves (ended, out of
+    budget or at the last depth); returns each prompt's live nodes and
+    the nominal forks its leaves freed."""
+    p, depth = len(self.prompts), self.depth
     live: list[list] = [[] for _ in range(p)]
     freed = [0] * p
     for node in active:
       seq = node.seq
       ended = sampling.REASONS[seq.stop_reason] in _ENDED
-      left = max_new_tokens - len(node.arrays()[0])
+      left = self.max_new_tokens - len(node.arrays()[0])
       if node.depth == depth or ended or left <= 0:
-        done[node.prompt].append((node, ended))
-        freed[node.prompt] += branching[min(node.depth, depth - 1)]
+        self.done[node.prompt].append((node, ended))
+        freed[node.prompt] += self.branching[min(node.depth, depth - 1)]
         if seq.keep:
-          engine.release(seq)
+          self.engine.release(seq)
       else:
         live[node.prompt].append(node)
+    return live, freed
+
+  def fork(self, live: list[list], freed: list[int]) -> list[_Node]:
+    """Queue the children of every live node (as many as `divergence`
+    gives it); returns them."""
     active = []
-    for i in range(p):
-      nodes = live[i]
+    for i, nodes in enumerate(live):
       if not nodes:
         continue
-      if divergence == "fixed":
-        forks = [branching[n.depth] for n in nodes]
-      else:
-        forks = divergence_forks(
-          [n.score(divergence) for n in nodes],
-          forks_N=[branching[n.depth] for n in nodes],
-          freed=freed[i],
-          done=len(done[i]),
-          leaves=g,
-          policy=divergence,
-          temperature=divergence_temperature,
-        )
-      for node, k in zip(nodes, forks):
+      for node, k in zip(nodes, self._forks(i, nodes, freed[i])):
         n_tokens = len(node.arrays()[0])
         d = node.depth + 1
-        for s in engine.fork(
+        for s in self.engine.fork(
           node.seq,
           int(k),
-          max_new_tokens=budget(d, max_new_tokens - n_tokens),
-          keep=d < depth,
+          max_new_tokens=self.budget(d, self.max_new_tokens - n_tokens),
+          keep=d < self.depth,
         ):
           active.append(
-            _Node(
-              i,
-              node.path + [counter[i]],
-              s,
-              node.head,
-              node.bounds + (n_tokens,),
-            )
+            self._node(i, node.path, s, node.head, node.bounds + (n_tokens,))
           )
-          counter[i] += 1
-        engine.release(node.seq)
-    if fallback is None:
-      continue
-    running = {n.prompt for n in active}
+        self.engine.release(node.seq)
+    return active
+
+  def _forks(self, i: int, nodes: list[_Node], freed: int):
+    """The forks of prompt i's live `nodes`."""
+    nominal = [self.branching[n.depth] for n in nodes]
+    if self.divergence == "fixed":
+      return nominal
+    return divergence_forks(
+      [n.score(self.divergence) for n in nodes],
+      forks_N=nominal,
+      freed=freed,
+      done=len(self.done[i]),
+      leaves=self.g,
+      policy=self.divergence,
+      temperature=self.divergence_temperature,
+    )
+
+  def regrow(self, running: set) -> list[_Node]:
+    """Queue the fallback restarts of each prompt with no node `running`
+    and fewer than G leaves; returns them."""
+    engine, p, depth = self.engine, len(self.prompts), self.depth
+    active = []
     for i in range(p):
-      if i in running or len(done[i]) >= g:
+      if i in running or len(self.done[i]) >= self.g:
         continue
-      stream = jax.random.fold_in(jax.random.fold_in(key, i), _FALLBACK_KEY)
-      if i not in rngs:
-        rngs[i] = np.random.default_rng(
+      stream = jax.random.fold_in(
+        jax.random.fold_in(self.key, i), _FALLBACK_KEY
+      )
+      if i not in self.rngs:
+        self.rngs[i] = np.random.default_rng(
           np.asarray(jax.random.key_data(stream)).tolist()
         )
       starts = _fallback_starts(
-        [leaf for leaf, ended in done[i] if ended or fallback_leaves == "any"],
-        g - len(done[i]),
-        branching,
-        fallback,
-        rngs[i],
+        [
+          leaf
+          for leaf, ended in self.done[i]
+          if ended or self.fallback_leaves == "any"
+        ],
+        self.g - len(self.done[i]),
+        self.branching,
+        self.fallback,
+        self.rngs[i],
       )
       for j, n, head, path, bounds in starts:
         for s in engine.add(
-          list(prompts[i]) + list(head[0]),
-          key=jax.random.fold_in(stream, fallbacks[i]),
-          max_new_tokens=budget(j + 1, max_new_tokens - len(head[0])),
+          list(self.prompts[i]) + list(head[0]),
+          key=jax.random.fold_in(stream, self.fallbacks[i]),
+          max_new_tokens=self.budget(j + 1, self.max_new_tokens - len(head[0])),
           num_samples=n,
-          temperature=temperature,
+          temperature=self.temperature,
           keep=j + 1 < depth,
           shard=i * engine.shards // p,
         ):
-          active.append(_Node(i, path + [counter[i]], s, head, bounds))
-          counter[i] += 1
-        fallbacks[i] += 1
-  done = [[n for n, _ in d] for d in done]
-  return _assemble(prompts, done, g, depth, width)
+          active.append(self._node(i, path, s, head, bounds))
+        self.fallbacks[i] += 1
+    return active
 
 
 def _fallback_starts(candidates, remaining, branching, fallback, rng):

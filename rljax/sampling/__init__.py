@@ -12,13 +12,13 @@ token included) and truncation flags. `process_logits` is the temperature
 / top-k / top-p processing both sample through (the transformers order).
 """
 
-from rljax.sampling._engine import REASONS
 from rljax.sampling._engine import Engine
-from rljax.sampling._engine import RolloutBuilder
-from rljax.sampling._engine import Sequence
-from rljax.sampling._engine import StepInfo
-from rljax.sampling._engine import rollout
-from rljax.sampling._engine import stop_at_strings
+from rljax.sampling._engine_rollout import RolloutBuilder
+from rljax.sampling._engine_rollout import rollout
+from rljax.sampling._engine_sequence import REASONS
+from rljax.sampling._engine_sequence import Sequence
+from rljax.sampling._engine_sequence import StepInfo
+from rljax.sampling._engine_sequence import stop_at_strings
 from rljax.sampling._logits import process_logits
 from rljax.sampling._sampler import Rollout
 from rljax.sampling._sampler import generate
