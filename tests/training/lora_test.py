@@ -55,8 +55,15 @@ def _base_logp(trainer, base_state):
   return tokens, mask, token_logprobs(plain, tokens, mask)[0]
 
 
+def _length(samples):
+  return np.asarray(samples.num_tokens, np.float32)
+
+
 def test_only_adapters_train_and_the_reference_is_the_frozen_base(tmp_path):
-  trainer = Trainer(_config(tmp_path))
+  # Rewarded by length, which varies within a group of a barely trained
+  # model's samples, so the adapters get a gradient whatever is sampled (the
+  # task's reward can be 0 for every sample, and then nothing moves).
+  trainer = Trainer(_config(tmp_path), rewards=[("length", _length, 1.0)])
   state = trainer.state
   adapters, base = _split(state.policy.params)
   n_adapter = sum(x.size for x in jax.tree.leaves(adapters))
