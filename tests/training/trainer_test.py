@@ -84,7 +84,11 @@ def test_reference_resets_copy_the_policy_at_their_steps(tmp_path):
     "algorithm.kwargs.kl_coef=0.1",
     "train.reference_resets=(1,)",
   )
-  trainer = Trainer(config)
+  # Rewarded by length, which varies within a group of a barely trained
+  # model's samples: step 0 moves the policy whatever is sampled (the task's
+  # reward can be 0 for every sample, and at step 0 KL has no gradient).
+  length = lambda samples: np.asarray(samples.num_tokens, np.float32)
+  trainer = Trainer(config, rewards=[("length", length, 1.0)])
   leaves = jax.tree.leaves
   start = [np.asarray(x) for x in leaves(trainer.state.policy.params)]
   trainer.step(0)
