@@ -8,8 +8,7 @@ import pathlib
 # them about a third faster on CPU (XLA's own HLO passes still run).
 os.environ.setdefault(
   "XLA_FLAGS",
-  "--xla_force_host_platform_device_count=8"
-  " --xla_backend_optimization_level=0",
+  "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

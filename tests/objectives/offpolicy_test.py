@@ -96,9 +96,7 @@ def test_disco_hinge_gradient_is_exact_under_micro_batching(
   ]
   # float32 sums in another order: an atol for the entries near zero (the
   # gradient's scale is 1e-3).
-  np.testing.assert_allclose(
-    np.concatenate(parts), whole, rtol=1e-5, atol=1e-8
-  )
+  np.testing.assert_allclose(np.concatenate(parts), whole, rtol=1e-5, atol=1e-8)
 
 
 def test_disco_hinge_is_off_below_delta_and_before_observe():
