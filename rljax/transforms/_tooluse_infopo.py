@@ -62,7 +62,7 @@ def infopo_information_gain(
   References:
     "InfoPO: Information-Driven Policy Optimization for User-Centric
     Agents" (no arXiv id found: the official README's is a placeholder).
-    Checked against its official code, kfq20/InfoPO
+    Read against its official code (not run), kfq20/InfoPO
     `verl/trainer/ppo/intrinsic_reward.py::compute_batched_kl_divergence`
     (the mean log-ratio at the sampled tokens, teacher forced) and
     `compute_intrinsic_rewards` (credited to the action that produced the
@@ -117,7 +117,7 @@ def infopo_advantages_of(
      near 0.5 when the group's outcomes agree, near 0 when they differ.
   5. A_j = A_out_i + beta g rho A_int_j.
 
-  What was checked: the official code (kfq20/InfoPO,
+  What was read (not run): the official code (kfq20/InfoPO,
   `core_algos.py::compute_info_grpo_advantage` with the default
   "Equalized" turn credits, which broadcast the GRPO advantage, and
   `intrinsic_reward.py` for IG / |a_t|); beta 0.5 and temperature 0.5 are
