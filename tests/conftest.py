@@ -5,7 +5,8 @@ import pathlib
 
 # Must be set before jax initialises its backends. LLVM's optimisation level
 # 0: test programs are tiny, so compiling dominates running, and it compiles
-# them about a third faster on CPU (XLA's own HLO passes still run).
+# them faster on CPU (the README's Tests section; XLA's HLO passes still
+# run).
 os.environ.setdefault(
   "XLA_FLAGS",
   "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
