@@ -1,6 +1,7 @@
 """``python -m rljax.training --config configs/grpo.py [key=value ...]``."""
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -103,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument(
     "--dry_run",
     action="store_true",
-    help="compile and run one step at the full shapes; report memory",
+    help="compile and run one step at the full shapes; report memory (a"
+    " supervised warm start runs one of its steps)",
   )
   parser.add_argument(
     "--fresh",
@@ -157,6 +159,20 @@ def main(argv=None) -> int:
     return 2
 
 
+def _dry_run_config(config):
+  """The config a dry run builds: its warm start cut to one step, which
+  compiles and runs the warm start's program without training for minutes
+  (a resumed run does not re-run the warm start, so resuming is unchanged)."""
+  steps = config.train.warm_start_steps
+  if steps <= 1:
+    return config
+  print(
+    f"dry run: train.warm_start_steps={steps} runs 1 step", file=sys.stderr
+  )
+  train = dataclasses.replace(config.train, warm_start_steps=1)
+  return dataclasses.replace(config, train=train)
+
+
 def _main(argv) -> int:
   # Flags may come between overrides (`... --fresh train.steps=2`).
   args = _parser().parse_intermixed_args(argv)
@@ -170,6 +186,8 @@ def _main(argv) -> int:
   config, prerequisites = _load(args.config)
   config = validate(override(config, args.overrides))
   check_inputs(config, prerequisites)  # before any model is built
+  if args.dry_run:
+    config = _dry_run_config(config)
   # Imported here so that --help works without initialising JAX.
   from rljax import posttrain
 

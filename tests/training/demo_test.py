@@ -12,12 +12,24 @@ from rljax.training import override
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.slow
-def test_grpo_demo_raises_held_out_accuracy(tmp_path):
+def _demo(directory, *overrides):
   config = override(
-    load_config(CONFIGS / "grpo.py"), [f"output.directory={tmp_path}"]
+    load_config(CONFIGS / "grpo.py"),
+    [f"output.directory={directory}", *overrides],
   )
-  summary = Trainer(config).run()
+  return Trainer(config).run()
+
+
+@pytest.fixture(scope="module")
+def grpo_demo(tmp_path_factory):
+  """The README's demo, trained once for this module's tests (per worker)."""
+  directory = tmp_path_factory.mktemp("grpo")
+  return directory, _demo(directory)
+
+
+@pytest.mark.slow
+def test_grpo_demo_raises_held_out_accuracy(grpo_demo):
+  directory, summary = grpo_demo
   before = summary["before"]["eval_accuracy"]
   after = summary["after"]["eval_accuracy"]
   # Where the warm start lands is chaotic: XLA's reduction order differs with
@@ -33,22 +45,18 @@ def test_grpo_demo_raises_held_out_accuracy(tmp_path):
     h["eval_accuracy"] for h in summary["history"] if "eval_accuracy" in h
   ]
   assert min(evals) >= before - 0.1, evals
-  assert (tmp_path / "learning_curves.png").stat().st_size > 0
+  assert (directory / "learning_curves.png").stat().st_size > 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rec", "bapo", "ares", "gtpo"])
-def test_literature_preset_trains_the_demo_near_grpo(tmp_path, name):
+def test_literature_preset_trains_the_demo_near_grpo(
+  tmp_path, grpo_demo, name
+):
   # docs/figures/presets_accuracy.json, seeds 0-2 against grpo: rec (a
   # clip variant) -2.7 to -0.4 points, bapo (bounds searched each step)
   # -1.2 to +2.3, ares (a stateful reward) -1.2 to 0.0, gtpo (token-level
   # credit) -1.2 to -0.8. RiskPO with its paper's defaults ends up to 10.9
   # points below and is not asserted.
-  def after(preset):
-    config = override(
-      load_config(CONFIGS / "grpo.py"),
-      [f"output.directory={tmp_path / preset}", f"algorithm.name={preset}"],
-    )
-    return Trainer(config).run()["after"]["eval_accuracy"]
-
-  assert after(name) >= after("grpo") - 0.05
+  after = _demo(tmp_path, f"algorithm.name={name}")["after"]["eval_accuracy"]
+  assert after >= grpo_demo[1]["after"]["eval_accuracy"] - 0.05
