@@ -1,30 +1,10 @@
 """The README's main command: the arithmetic GRPO demo learns and does not
 collapse (the full run, about three minutes on 2 cores)."""
 
-import pathlib
-
 import pytest
 
-from rljax.training import Trainer
-from rljax.training import load_config
-from rljax.training import override
-
-CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
-
-
-def _demo(directory, *overrides):
-  config = override(
-    load_config(CONFIGS / "grpo.py"),
-    [f"output.directory={directory}", *overrides],
-  )
-  return Trainer(config).run()
-
-
-@pytest.fixture(scope="module")
-def grpo_demo(tmp_path_factory):
-  """The README's demo, trained once for this module's tests (per worker)."""
-  directory = tmp_path_factory.mktemp("grpo")
-  return directory, _demo(directory)
+# One process trains the demo once for these tests and LoRA's (`grpo_demo`).
+pytestmark = pytest.mark.xdist_group("grpo_demo")
 
 
 @pytest.mark.slow
@@ -51,12 +31,14 @@ def test_grpo_demo_raises_held_out_accuracy(grpo_demo):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rec", "bapo", "ares", "gtpo"])
 def test_literature_preset_trains_the_demo_near_grpo(
-  tmp_path, grpo_demo, name
+  tmp_path, grpo_demo, train_demo, name
 ):
   # docs/figures/presets_accuracy.json, seeds 0-2 against grpo: rec (a
   # clip variant) -2.7 to -0.4 points, bapo (bounds searched each step)
   # -1.2 to +2.3, ares (a stateful reward) -1.2 to 0.0, gtpo (token-level
   # credit) -1.2 to -0.8. RiskPO with its paper's defaults ends up to 10.9
   # points below and is not asserted.
-  after = _demo(tmp_path, f"algorithm.name={name}")["after"]["eval_accuracy"]
+  after = train_demo(tmp_path, f"algorithm.name={name}")["after"][
+    "eval_accuracy"
+  ]
   assert after >= grpo_demo[1]["after"]["eval_accuracy"] - 0.05

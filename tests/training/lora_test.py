@@ -189,18 +189,14 @@ def test_grpo_lora_config_runs_two_iterations(tmp_path):
   assert got["reference"] < 0.05 * got["params"]
 
 
-@pytest.mark.slow  # two README demo runs: about ten minutes on 2 cores
-def test_lora_on_the_demo_model_is_within_5_points_of_full(tmp_path):
-  def after(*extra):
-    config = override(
-      load_config(CONFIGS / "grpo.py"),
-      [f"output.directory={tmp_path / str(len(extra))}", *extra],
-    )
-    return Trainer(config).run()["after"]["eval_accuracy"]
-
+@pytest.mark.slow  # a README demo run (and the full one, `grpo_demo`)
+@pytest.mark.xdist_group("grpo_demo")
+def test_lora_on_the_demo_model_is_within_5_points_of_full(
+  tmp_path, grpo_demo, train_demo
+):
   # Measured (seed 0, 2 CPU cores): both warm-start to 80.1%; GRPO takes
   # full fine-tuning to 88.3% and rank-8 LoRA (its state: adapters and
   # their Adam moments) to 85.9%.
-  full = after()
-  lora = after(*LORA_DEMO)
+  full = grpo_demo[1]["after"]["eval_accuracy"]
+  lora = train_demo(tmp_path, *LORA_DEMO)["after"]["eval_accuracy"]
   assert lora >= full - 0.05, (lora, full)

@@ -350,23 +350,32 @@ def _saved_steps(directory):
   return {int(n) for n in names if n.isdigit()}
 
 
+def _next_save(proc, directory, after):
+  """Wait until `directory` holds a checkpoint newer than step `after`;
+  its step, or None when `proc` ended first."""
+  deadline = time.time() + 300
+  while (step := max(_saved_steps(directory), default=0)) <= after:
+    if proc.poll() is not None:
+      return None
+    assert time.time() < deadline
+    time.sleep(0.01)
+  return step
+
+
 def _killed_and_resumed(directory, kills, steps, seed):
-  """Start the run and kill -9 it `kills` times, each at a random moment
-  after it has saved a new checkpoint (so saves are under way); then let it
+  """Start the run and kill -9 it `kills` times, each at a random moment of
+  a step-and-save period (measured between two saves of that process, so
+  the kills land during saves however fast the steps are); then let it
   finish. Returns how many kills hit a running process."""
   rng = random.Random(seed)
   args = (f"train.steps={steps}", "output.checkpoint_every=1")
   landed = 0
   for _ in range(kills):
-    before = max(_saved_steps(directory), default=0)
     proc = _cli(directory, *args, wait=False)
-    deadline = time.time() + 300
-    while max(_saved_steps(directory), default=0) <= before:
-      if proc.poll() is not None:
-        break
-      assert time.time() < deadline
-      time.sleep(0.02)
-    time.sleep(rng.uniform(0.0, 0.5))
+    first = _next_save(proc, directory, max(_saved_steps(directory), default=0))
+    start = time.time()
+    if first is not None and _next_save(proc, directory, first) is not None:
+      time.sleep(rng.uniform(0.0, time.time() - start))
     if proc.poll() is None:
       proc.kill()
       landed += 1
@@ -377,7 +386,7 @@ def _killed_and_resumed(directory, kills, steps, seed):
 
 
 def _kill_test(tmp_path, kills):
-  steps = kills + 6
+  steps = 3 * kills + 6  # each kill takes two or three steps
   straight = _cli(
     tmp_path / "straight", f"train.steps={steps}", "output.checkpoint_every=1"
   )

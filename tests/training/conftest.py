@@ -1,0 +1,37 @@
+"""Fixtures shared by the training tests."""
+
+import pathlib
+
+import pytest
+
+from rljax.training import Trainer
+from rljax.training import load_config
+from rljax.training import override
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+
+
+def _train_demo(directory, *overrides):
+  """The README's demo (configs/grpo.py) with `overrides`, trained to the
+  end in `directory`; its summary."""
+  config = override(
+    load_config(CONFIGS / "grpo.py"),
+    [f"output.directory={directory}", *overrides],
+  )
+  return Trainer(config).run()
+
+
+@pytest.fixture(scope="session")
+def train_demo():
+  """``train_demo(directory, *overrides) -> summary``: the README's demo
+  with overrides, trained to the end."""
+  return _train_demo
+
+
+@pytest.fixture(scope="session")
+def grpo_demo(tmp_path_factory, train_demo):
+  """(directory, summary) of the README's demo, trained once per test
+  process: the tests that compare with it are in the xdist group
+  "grpo_demo", so ``--dist loadgroup`` runs them in one process."""
+  directory = tmp_path_factory.mktemp("grpo_demo")
+  return directory, train_demo(directory)
