@@ -9,8 +9,12 @@ from rljax.checkpoints._hf_config import config_from_hf
 from rljax.checkpoints._hf_config import hf_config
 from rljax.checkpoints._hf_tensors import hf_tensors
 from rljax.checkpoints._hf_tensors import load_hf_tensors
+from rljax.checkpoints._shapes import SHAPES
+from rljax.checkpoints._shapes import shape_config
 
 __all__ = [
+  "SHAPES",
+  "shape_config",
   "config_from_hf",
   "hf_config",
   "hf_tensors",
