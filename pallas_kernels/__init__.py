@@ -17,13 +17,17 @@ from pallas_kernels._api import policy_loss
 from pallas_kernels._api import token_logprob
 from pallas_kernels._contract import Stats
 from pallas_kernels._dispatch import DEFAULT_BLOCKS
+from pallas_kernels._dispatch import PLATFORMS
 from pallas_kernels._dispatch import SCHEDULES
+from pallas_kernels._dispatch import compile_for
 
 __all__ = [
   "DEFAULT_BLOCKS",
   "LOSSES",
+  "PLATFORMS",
   "SCHEDULES",
   "Stats",
+  "compile_for",
   "policy_loss",
   "token_logprob",
 ]

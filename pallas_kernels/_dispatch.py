@@ -1,13 +1,17 @@
 """Choosing a schedule: the backend, the dtypes and what is installed.
 
 "auto" picks the Pallas TPU kernel on a TPU backend, the Pallas GPU (Triton)
-kernel on a GPU backend and the chunked XLA schedule elsewhere. When a Pallas
+kernel on a GPU backend and the chunked XLA schedule elsewhere. The backend
+is the default one, or the platform of `compile_for` while code is traced
+for other devices (a TPU topology compiled ahead of time on a CPU host). When a Pallas
 schedule cannot run (wrong backend, unsupported dtype, its dependencies fail
 to import) the chunked schedule runs instead and the logger
 "pallas_kernels" warns once per distinct reason, never silently. An explicit
 request for a Pallas schedule whose module is not installed at all raises.
 """
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import logging
@@ -73,9 +77,36 @@ def _warn_once(reason: str) -> None:
     logger.warning(reason)
 
 
+_TARGET = contextvars.ContextVar("pallas_kernels_target", default=None)
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+@contextlib.contextmanager
+def compile_for(platform: str):
+  """Within this context, choose schedules for `platform` ("tpu", "gpu" or
+  "cpu") instead of the default backend's: for code traced and compiled
+  ahead of time for other devices, e.g. lowered for a TPU topology
+  (`jax.experimental.topologies`) on a CPU host, whose programs must hold
+  the Pallas TPU kernel that the TPU will run.
+
+  Raises:
+    ValueError: `platform` is not one of `PLATFORMS`.
+  """
+  if platform not in PLATFORMS:
+    raise ValueError(
+      f"platform must be one of {list(PLATFORMS)}; got {platform!r}."
+    )
+  token = _TARGET.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
+
+
 def _backend() -> str:
-  """The default backend's platform ("cpu", "gpu", "tpu")."""
-  return jax.default_backend()
+  """The platform schedules are chosen for ("cpu", "gpu", "tpu"): that of
+  `compile_for`, else the default backend's."""
+  return _TARGET.get() or jax.default_backend()
 
 
 def _auto() -> str:

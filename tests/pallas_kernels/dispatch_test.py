@@ -55,6 +55,21 @@ def test_auto_picks_the_backends_kernel(backend, monkeypatch, caplog):
   assert not _warnings(caplog)
 
 
+def test_compile_for_chooses_the_targets_kernel(caplog):
+  with pk.compile_for("tpu"):
+    sched = _dispatch.resolve("auto", (BF16, BF16))
+    assert sched.name == "pallas_tpu"
+    assert sched.forward.keywords["interpret"] is False
+    with pk.compile_for("cpu"):  # nested: the innermost wins
+      assert _dispatch.resolve("auto", (F32, F32)).name == "chunked"
+    assert _dispatch.resolve("pallas_tpu", (F32, F32)).name == "pallas_tpu"
+  assert _dispatch.resolve("auto", (BF16, BF16)).name == "chunked"  # restored
+  assert not _warnings(caplog)
+  with pytest.raises(ValueError, match=r"one of \['cpu', 'gpu', 'tpu'\]"):
+    with pk.compile_for("TPU v5e"):
+      pass
+
+
 def test_pallas_interpret_runs_the_tpu_kernel_interpreted():
   sched = _dispatch.resolve("pallas_interpret", (F32, F32))
   assert sched.name == "pallas_interpret"

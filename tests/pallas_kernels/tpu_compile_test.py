@@ -1,0 +1,90 @@
+"""The Pallas TPU kernels compile for real TPUs (Mosaic), from this CPU host:
+forward and backward of the token log-prob and the SAPO loss, float32 and
+bfloat16, at shapes that are and are not multiples of the tiles, for v5e,
+v5p and v6e (`jax.experimental.topologies`; needs libtpu, the ``tpu``
+extra). Each compiled program holds the Mosaic kernel, not the chunked XLA
+schedule."""
+
+import jax
+from jax.experimental import topologies
+import jax.numpy as jnp
+import pytest
+
+import pallas_kernels as pk
+
+pytest.importorskip(
+  "libtpu",
+  reason="compiling for a TPU needs libtpu: pip install -e '.[tpu]'",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_cache():
+  """Programs compiled for a topology cannot be loaded back without a TPU
+  client; keep them out of the test run's compilation cache."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", enabled)
+
+
+# (tokens, width, vocabulary): tile multiples (512 x 2048) and not.
+SHAPES = {"tiles": (1024, 256, 4096), "ragged": (700, 192, 3000)}
+
+
+def _programs(n, d, v, dtype):
+  """(hidden, unembed) -> the summed log-prob's and SAPO loss's value and
+  gradients, with their abstract inputs."""
+  targets = jnp.arange(n, dtype=jnp.int32) % v
+  ones = jnp.ones((n,), jnp.float32)
+
+  def logprob(hidden, unembed):
+    return jnp.sum(pk.token_logprob(hidden, unembed, targets)[0])
+
+  def sapo(hidden, unembed):
+    loss, _ = pk.policy_loss(
+      hidden, unembed, targets, -ones, ones - 0.5, ones, loss="sapo"
+    )
+    return jnp.sum(loss)
+
+  args = (
+    jax.ShapeDtypeStruct((n, d), dtype),
+    jax.ShapeDtypeStruct((d, v), dtype),
+  )
+  return {"logprob": logprob, "sapo": sapo}, args
+
+
+def _compile_on(chip, fn, args):
+  device = topologies.get_topology_desc(
+    platform="tpu",
+    topology_name=f"{chip}:{'2x2' if chip != 'v5p' else '2x2x1'}",
+  ).devices[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  args = [
+    jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args
+  ]
+  with pk.compile_for("tpu"):
+    lowered = jax.jit(jax.value_and_grad(fn, argnums=(0, 1))).lower(*args)
+  return lowered.as_text(), lowered.compile()
+
+
+def _check(chip, dtype, shape):
+  programs, args = _programs(*SHAPES[shape], dtype)
+  for name, fn in programs.items():
+    text, compiled = _compile_on(chip, fn, args)
+    # Forward and both backward kernels are Mosaic custom calls.
+    assert text.count("tpu_custom_call") >= 3, (chip, name)
+    memory = compiled.memory_analysis()
+    assert memory.temp_size_in_bytes < 64 * 2**20, (chip, name, memory)
+
+
+def test_the_kernels_compile_for_v5e_in_bfloat16():
+  _check("v5e", jnp.bfloat16, "ragged")
+
+
+@pytest.mark.slow  # 24 Mosaic compiles
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("chip", ["v5e", "v5p", "v6e"])
+def test_the_kernels_compile_for_each_chip(chip, dtype, shape):
+  _check(chip, dtype, shape)
