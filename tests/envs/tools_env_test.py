@@ -226,9 +226,7 @@ def test_agent_demo_beats_its_no_tool_baseline(tmp_path):
         *extra,
       ],
     )
-    trainer = Trainer(config)
-    trainer.run()
-    return trainer.evaluate()
+    return Trainer(config).run()["after"]  # evaluated after training
 
   tools_on = run("tools")
   tools_off = run("no_tools", "task.kwargs.use_tools=False")

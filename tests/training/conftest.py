@@ -31,7 +31,6 @@ def train_demo():
 @pytest.fixture(scope="session")
 def grpo_demo(tmp_path_factory, train_demo):
   """(directory, summary) of the README's demo, trained once per test
-  process: the tests that compare with it are in the xdist group
-  "grpo_demo", so ``--dist loadgroup`` runs them in one process."""
+  process for the tests that compare with it."""
   directory = tmp_path_factory.mktemp("grpo_demo")
   return directory, train_demo(directory)

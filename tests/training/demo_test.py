@@ -3,9 +3,6 @@ collapse (the full run, about three minutes on 2 cores)."""
 
 import pytest
 
-# One process trains the demo once for these tests and LoRA's (`grpo_demo`).
-pytestmark = pytest.mark.xdist_group("grpo_demo")
-
 
 @pytest.mark.slow
 def test_grpo_demo_raises_held_out_accuracy(grpo_demo):

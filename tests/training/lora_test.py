@@ -190,7 +190,6 @@ def test_grpo_lora_config_runs_two_iterations(tmp_path):
 
 
 @pytest.mark.slow  # a README demo run (and the full one, `grpo_demo`)
-@pytest.mark.xdist_group("grpo_demo")
 def test_lora_on_the_demo_model_is_within_5_points_of_full(
   tmp_path, grpo_demo, train_demo
 ):
