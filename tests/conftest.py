@@ -25,8 +25,9 @@ def pytest_configure(config):
   optimisation level 0: its programs are tiny, so compiling dominates
   running, and level 0 compiles them faster (the README's Tests section;
   XLA's HLO passes still run). The slow set runs whole trainings, where
-  level 0's slower code costs more than it saves (a warm-start step: 0.29 s
-  against 0.20 s), so it keeps LLVM's default.
+  level 0's slower code costs more than it saves (a warm-start step takes
+  1.28x as long: experiments/benchmarks/llvm_level.py), so it keeps LLVM's
+  default.
   """
   flags = "--xla_force_host_platform_device_count=8"
   if "not slow" in (config.option.markexpr or ""):
