@@ -327,3 +327,15 @@ def test_the_named_commands_make_what_dpo_needs(tmp_path):
     "train.prompts_per_step=8",
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_dry_run_runs_one_step_of_the_warm_start(capsys):
+  config, _ = _cli._load(CONFIGS / "grpo.py")
+  assert config.train.warm_start_steps == 800
+  dry = _cli._dry_run_config(config)
+  assert dry.train.warm_start_steps == 1
+  assert dry.train.warm_start_lr == config.train.warm_start_lr
+  assert dry.model == config.model and dry.sampler == config.sampler
+  assert "warm_start_steps=800 runs 1 step" in capsys.readouterr().err
+  none = override(config, ["train.warm_start_steps=0"])
+  assert _cli._dry_run_config(none) is none
