@@ -166,9 +166,7 @@ def _dry_run_config(config):
   steps = config.train.warm_start_steps
   if steps <= 1:
     return config
-  print(
-    f"dry run: train.warm_start_steps={steps} runs 1 step", file=sys.stderr
-  )
+  print(f"dry run: train.warm_start_steps={steps} runs 1 step", file=sys.stderr)
   train = dataclasses.replace(config.train, warm_start_steps=1)
   return dataclasses.replace(config, train=train)
 

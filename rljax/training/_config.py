@@ -147,6 +147,11 @@ class TrainSpec:
   warm_start_steps: int = 0  # supervised steps on the task before RL
   warm_start_lr: float = 3e-3
   warm_start_batch: int = 64
+  # A directory of warm-started policies keyed by what each depends on (the
+  # step's program, the initial parameters, the data, the devices): a run
+  # whose warm start is there restores it instead of training (comparing
+  # algorithms from one warm start). Deleting it is always safe.
+  warm_start_cache: str = ""
   # A NaN or infinite loss, gradient or updated parameter: "stop" raises
   # NonFiniteError naming the cause (nothing is applied or checkpointed);
   # "skip" leaves the state unchanged, logs skipped_updates, and stops after

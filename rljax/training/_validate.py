@@ -226,6 +226,13 @@ def _train(t) -> None:
   if t.warm_start_steps:
     _positive("train.warm_start_lr", t.warm_start_lr)
     _int("train.warm_start_batch", t.warm_start_batch, 1)
+  if not isinstance(t.warm_start_cache, str):
+    _fail(
+      "train.warm_start_cache",
+      t.warm_start_cache,
+      "must be a directory path (a string)",
+      "Use '' to train the warm start every run.",
+    )
   _int("train.max_skipped_updates", t.max_skipped_updates, 1)
   resets = t.reference_resets
   if not isinstance(resets, (tuple, list)) or any(

@@ -8,7 +8,12 @@ from rljax.training import Trainer
 from rljax.training import load_config
 from rljax.training import override
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
+# The demo's 800-step warm start is the same in every demo training of a
+# process and of later runs: trained once, then restored (its key covers the
+# program, the initial parameters, the data and the devices).
+WARM_START_CACHE = ROOT / ".cache" / "warm_start"
 
 
 def _train_demo(directory, *overrides):
@@ -16,7 +21,11 @@ def _train_demo(directory, *overrides):
   end in `directory`; its summary."""
   config = override(
     load_config(CONFIGS / "grpo.py"),
-    [f"output.directory={directory}", *overrides],
+    [
+      f"output.directory={directory}",
+      f"train.warm_start_cache={WARM_START_CACHE}",
+      *overrides,
+    ],
   )
   return Trainer(config).run()
 
