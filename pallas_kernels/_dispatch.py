@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _chunked
+from pallas_kernels import _partition
 from pallas_kernels import _reference
 from pallas_kernels._contract import Backward
 from pallas_kernels._contract import Forward
@@ -160,11 +161,11 @@ def _bind(name: str, module, block_n, block_v) -> Schedule:
   )
   if name.startswith("pallas"):
     kw["interpret"] = name == "pallas_interpret"
-  return Schedule(
-    name,
-    functools.partial(module.forward, **kw),
-    functools.partial(module.backward, **kw),
-  )
+  forward = functools.partial(module.forward, **kw)
+  backward = functools.partial(module.backward, **kw)
+  if name.startswith("pallas"):  # kernels XLA cannot partition
+    forward, backward = _partition.forward(forward), _partition.backward(backward)
+  return Schedule(name, forward, backward)
 
 
 def _pallas_or_fallback(name: str, explicit: bool, dtypes):

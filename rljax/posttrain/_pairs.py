@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import losses
+from rljax import sharding
 from rljax._src.base import Mean
 from rljax._src.errors import UserError
 from rljax.models import _lora
@@ -326,7 +327,7 @@ class PreferenceRun(PostTrainer):
         )
         return losses.sequence_logp(logp, mask[..., -width:])
 
-      self._grads["reference"] = score
+      self._grads["reference"] = sharding.InMesh(self.mesh, score)
     seqs = self._global_block(Sequences(tokens, mask))
     out = self._grads["reference"](
       self.reference_params(), seqs.tokens_PGL, seqs.mask_PGL
@@ -399,10 +400,13 @@ class PreferenceRun(PostTrainer):
     frozen, objective = self._objective()
     if "eval" not in self._grads:
       graphdef = self.models.policy
-      self._grads["eval"] = jax.jit(
-        lambda params, frozen, block: objective(
-          nnx.merge(graphdef, params), frozen, block
-        )
+      self._grads["eval"] = sharding.InMesh(
+        self.mesh,
+        jax.jit(
+          lambda params, frozen, block: objective(
+            nnx.merge(graphdef, params), frozen, block
+          )
+        ),
       )
     sums = {}
     for start in range(0, len(records), batch):

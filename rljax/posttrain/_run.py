@@ -242,10 +242,13 @@ class PostTrainer(Trainer):
 
       # Gradients of the trainable part only (the adapters, under LoRA).
       grads = jax.value_and_grad(total, has_aux=True)
-      self._grads[name] = jax.jit(
-        lambda params, frozen, block: grads(
-          _lora.trainable(params), params, frozen, block
-        )
+      self._grads[name] = sharding.InMesh(
+        self.mesh,
+        jax.jit(
+          lambda params, frozen, block: grads(
+            _lora.trainable(params), params, frozen, block
+          )
+        ),
       )
     return self._grads[name]
 

@@ -42,9 +42,13 @@ from rljax import sharding as sharding_lib
 from rljax._src import checks
 from rljax.models._config import ModelConfig
 from rljax.models._transformer import init_pages
+from rljax.sampling._engine_programs import _extend_program
 from rljax.sampling._engine_programs import _fold_keys
+from rljax.sampling._engine_programs import _segment_program
 from rljax.sampling._engine_programs import _Settings
+from rljax.sampling._engine_schedule import _bucket
 from rljax.sampling._engine_schedule import _Scheduler
+from rljax.sampling._engine_schedule import _segment_rows
 from rljax.sampling._engine_sequence import PAUSE
 from rljax.sampling._engine_sequence import REASONS
 from rljax.sampling._engine_sequence import RUNNING
@@ -430,6 +434,45 @@ class Engine(_Scheduler):
         )
         self._maker = jax.jit(make, out_shardings=self._pool_sharding())
       self._pool = self._maker()
+
+  def lower(self, graphdef, state, prompt_length: int) -> dict:
+    """{"prefill", "decode_segment"}: the engine's two programs lowered for
+    an (abstract) model state with every slot busy, prompts of
+    `prompt_length` tokens prefilled in one chunk; nothing is allocated
+    (a run plan compiles them for devices that need not be attached)."""
+    pool = jax.eval_shape(
+      functools.partial(
+        init_pages, self.config, self.num_pages, self.page_size, self.shards
+      )
+    )
+    pool_sharding = self._pool_sharding()
+    if pool_sharding is not None:
+      pool = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=pool_sharding),
+        pool,
+      )
+    slots = [None] * self.settings.slots
+    table = self._table(slots)
+    width = _bucket(min(256, max(prompt_length - 1, 1)), 16)
+    tokens = np.zeros((len(slots), width), np.int32)
+    prefill = self._program(
+      "extend", graphdef, lambda: _extend_program(graphdef)
+    ).lower(state, *pool, table, tokens[:, 0], tokens, tokens)
+    rows, keys = _segment_rows(slots, self.max_length)
+    s = self.settings
+    decode = self._program(
+      "segment", graphdef, lambda: _segment_program(graphdef, s), s.slots
+    ).lower(
+      state,
+      *pool,
+      table,
+      rows,
+      keys,
+      self._stop_ids,
+      self._top_p,
+      np.int32(self.refill),
+    )
+    return {"prefill": prefill, "decode_segment": decode}
 
   def _table(self, seqs) -> np.ndarray:
     table = np.zeros((len(seqs), self.pages_per_row), np.int32)

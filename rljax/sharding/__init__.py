@@ -1,5 +1,6 @@
 """Device meshes, logical-axis sharding rules and parameter placement."""
 
+from rljax.sharding._in_mesh import InMesh
 from rljax.sharding._rules import BATCH_AXES
 from rljax.sharding._rules import DEFAULT_RULES
 from rljax.sharding._rules import MESH_AXES
@@ -13,6 +14,7 @@ from rljax.sharding._rules import shard_model
 __all__ = [
   "BATCH_AXES",
   "DEFAULT_RULES",
+  "InMesh",
   "MESH_AXES",
   "batch_sharding",
   "check_batch",

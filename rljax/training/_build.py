@@ -109,6 +109,12 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
     directory = source[3:]
     model = checkpoints.load_hf(directory, **overrides)
     tokenizer = Tokenizer.from_hf_json(directory)
+  elif source.startswith("shape:"):
+    raise UserError(
+      f"model.source={source!r} is a published model's shapes without"
+      " weights or tokenizer: plan a run with it (--plan <topology>); to"
+      " train, point model.source at its checkpoint ('hf:<directory>')."
+    )
   else:
     raise ValueError(
       f"model.source={source!r} is not one of 'scratch', 'smollm2',"

@@ -108,6 +108,16 @@ def _parser() -> argparse.ArgumentParser:
     " supervised warm start runs one of its steps)",
   )
   parser.add_argument(
+    "--plan",
+    metavar="TOPOLOGY",
+    help="compile every program of the run for a TPU slice (v5e:4x4,"
+    " v5p:4x4x4, v6e:8x8, v5e-64, v5p-128) on this host, with no weights"
+    " and nothing allocated; print memory per device against the chip's"
+    " HBM, roofline times and an iteration estimate, write plan.json to"
+    " output.directory, and name the nearest configuration that fits when"
+    " the run does not (needs libtpu: pip install -e '.[tpu]')",
+  )
+  parser.add_argument(
     "--fresh",
     action="store_true",
     help="start over: move a previous run in output.directory (logs and"
@@ -171,6 +181,27 @@ def _dry_run_config(config):
   return dataclasses.replace(config, train=train)
 
 
+def _plan(config, topology: str) -> int:
+  """--plan: the table, plan.json, and a one-line refusal (exit 2) with the
+  nearest configuration that fits when the run does not."""
+  from rljax import plan
+
+  found = plan.plan_run(config, topology)
+  print(plan.table(found))
+  directory = pathlib.Path(config.output.directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  record = found.to_json()
+  if not found.fits:
+    print("searching for the nearest configuration that fits...", file=sys.stderr)
+    fitted = plan.search(config, topology)
+    record["suggestion"] = None if fitted is None else list(fitted[0])
+    (directory / "plan.json").write_text(json.dumps(record, indent=2))
+    raise UserError(plan.over_message(found, fitted))
+  (directory / "plan.json").write_text(json.dumps(record, indent=2))
+  print(f"plan: {directory / 'plan.json'}")
+  return 0
+
+
 def _main(argv) -> int:
   # Flags may come between overrides (`... --fresh train.steps=2`).
   args = _parser().parse_intermixed_args(argv)
@@ -184,6 +215,8 @@ def _main(argv) -> int:
   config, prerequisites = _load(args.config)
   config = validate(override(config, args.overrides))
   check_inputs(config, prerequisites)  # before any model is built
+  if args.plan:
+    return _plan(config, args.plan)
   if args.dry_run:
     config = _dry_run_config(config)
   # Imported here so that --help works without initialising JAX.

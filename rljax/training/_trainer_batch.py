@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import rollouts
+from rljax import sharding
 from rljax._src.base import Batch
 from rljax.models import _lora
 from rljax.training import _rollout
@@ -116,21 +117,31 @@ class Programs:
         self.teacher_graph,
         self.algorithm.rescores,
         temperature,
+        _mesh_of(self.shardings),
       )
     return self._compiled[key]
 
 
+def _mesh_of(shardings):
+  return jax.tree.leaves(shardings)[0].mesh
+
+
 def update_fn(models, algorithm, spec, shardings):
   """The jitted, donated update of `spec` on the sharded train state."""
-  return jax.jit(
-    functools.partial(update, models, algorithm, spec),
-    in_shardings=(shardings, None, None, None),
-    out_shardings=(shardings, None),
-    donate_argnums=0,
+  return sharding.InMesh(
+    _mesh_of(shardings),
+    jax.jit(
+      functools.partial(update, models, algorithm, spec),
+      in_shardings=(shardings, None, None, None),
+      out_shardings=(shardings, None),
+      donate_argnums=0,
+    ),
   )
 
 
-def score_fn(config, models, needs, teacher_graph, rescores, temperature):
+def score_fn(
+  config, models, needs, teacher_graph, rescores, temperature, mesh
+):
   """Jitted ``(state, teacher, seqs) -> {"fields": ..., **extra}``: the
   log-probs, entropies and values of the sequences under the current
   weights at `temperature`, for the batch fields the algorithm reads, and
@@ -191,4 +202,4 @@ def score_fn(config, models, needs, teacher_graph, rescores, temperature):
       out["teacher_logp_PGT"] = logp(nnx.merge(teacher_graph, teacher))[0]
     return {"fields": out, **extra}
 
-  return score
+  return sharding.InMesh(mesh, score)

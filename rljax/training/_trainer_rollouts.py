@@ -62,6 +62,17 @@ def checked_selection(config: RunConfig, chosen, size, sampler, num_prompts):
   return chosen
 
 
+def engine_settings(config: RunConfig) -> dict:
+  """The rollout engine's slots, pages and lengths for `config`."""
+  c, s = config, config.sampler
+  return dict(
+    slots=s.slots or c.train.prompts_per_step * s.num_samples,
+    page_size=s.page_size,
+    segment=s.segment,
+    max_length=c.task.max_prompt_tokens + s.max_new_tokens,
+  )
+
+
 class RunSampler:
   """How a run samples its policy: plain groups, a group strategy's, or
   agent episodes, scored; the continuous-batching engines are made once
@@ -79,16 +90,11 @@ class RunSampler:
     """The continuous-batching engine for these sampling settings."""
     key = (greedy, top_k, top_p)
     if key not in self._engines:
-      c, s = self.config, self.config.sampler
-      rows = c.train.prompts_per_step * s.num_samples
       self._engines[key] = from_config(
         "sampler",
         sampling.Engine,
         model_config,
-        slots=s.slots or rows,
-        page_size=s.page_size,
-        segment=s.segment,
-        max_length=c.task.max_prompt_tokens + s.max_new_tokens,
+        **engine_settings(self.config),
         top_k=top_k,
         top_p=top_p,
         greedy=greedy,

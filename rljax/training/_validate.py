@@ -13,12 +13,16 @@ from typing import Any
 
 from rljax import selection
 from rljax._src.errors import UserError
+from rljax.checkpoints import SHAPES
 from rljax.models import LORA_TARGETS
 from rljax.training._config import KINDS
 from rljax.training._config import AlgorithmSpec
 from rljax.training._config import RunConfig
 
-_SOURCES = "'scratch', 'smollm2', 'gguf:<path>' or 'hf:<directory>'"
+_SOURCES = (
+  "'scratch', 'smollm2', 'gguf:<path>', 'hf:<directory>' or 'shape:<name>'"
+  " (a published model's shapes without weights, for --plan)"
+)
 _DTYPES = ("float32", "bfloat16", "float16")
 _PARAM_DTYPES = ("float32", "bfloat16")
 _SCHEDULES = ("auto", "dense", "chunked", "pallas_tpu", "pallas_gpu")
@@ -63,9 +67,16 @@ def _in(field: str, value: Any, low: float, high: float, closed: str) -> None:
 
 def _model(m, section: str = "model") -> None:
   if not isinstance(m.source, str) or not (
-    m.source in ("scratch", "smollm2") or m.source.startswith(("gguf:", "hf:"))
+    m.source in ("scratch", "smollm2")
+    or m.source.startswith(("gguf:", "hf:", "shape:"))
   ):
     _fail(f"{section}.source", m.source, f"must be one of {_SOURCES}")
+  if m.source.startswith("shape:") and m.source[6:] not in SHAPES:
+    _fail(
+      f"{section}.source",
+      m.source,
+      f"names no published shape; known: {', '.join(sorted(SHAPES))}",
+    )
   for name in (
     "hidden_size",
     "num_layers",

@@ -1,0 +1,81 @@
+"""What a compiled program needs: its memory analysis and cost analysis,
+and the roofline time of that cost on a chip."""
+
+import dataclasses
+import time
+
+from rljax.plan._chips import Chip
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """One compiled program, per device (XLA's analyses of the SPMD program).
+
+  Attributes:
+    name: the program ("update", "score", "prefill", "decode_segment", ...).
+    argument_bytes, output_bytes, temp_bytes, code_bytes, alias_bytes:
+      `memory_analysis()`: arguments, outputs, temporaries, generated code,
+      and outputs that reuse (donated) argument buffers.
+    peak_bytes: the program's peak, XLA's ``peak_memory_in_bytes`` where the
+      backend reports one, else arguments + outputs + temporaries + code -
+      aliased.
+    flops, bytes_accessed: `cost_analysis()` (each loop body counted once).
+    pallas: whether the program holds a Pallas TPU (Mosaic) kernel.
+    compile_seconds: how long the compile took.
+  """
+
+  name: str
+  argument_bytes: int
+  output_bytes: int
+  temp_bytes: int
+  code_bytes: int
+  alias_bytes: int
+  peak_bytes: int
+  flops: float
+  bytes_accessed: float
+  pallas: bool
+  compile_seconds: float
+
+  def seconds(self, chip: Chip, devices_per_chip: int = 1) -> float:
+    """The roofline time: max(FLOPs / peak FLOP/s, bytes / HBM bandwidth)
+    of a device's share of `chip`."""
+    return max(
+      self.flops * devices_per_chip / chip.peak_flops,
+      self.bytes_accessed * devices_per_chip / chip.hbm_bandwidth,
+    )
+
+
+def _cost(compiled) -> dict:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return cost or {}
+
+
+def measure(name: str, lowered) -> Measured:
+  """Compile `lowered` (a `jax.stages.Lowered`) and measure it."""
+  start = time.perf_counter()
+  compiled = lowered.compile()
+  seconds = time.perf_counter() - start
+  m = compiled.memory_analysis()
+  total = (
+    m.argument_size_in_bytes
+    + m.output_size_in_bytes
+    + m.temp_size_in_bytes
+    + m.generated_code_size_in_bytes
+    - m.alias_size_in_bytes
+  )
+  cost = _cost(compiled)
+  return Measured(
+    name=name,
+    argument_bytes=int(m.argument_size_in_bytes),
+    output_bytes=int(m.output_size_in_bytes),
+    temp_bytes=int(m.temp_size_in_bytes),
+    code_bytes=int(m.generated_code_size_in_bytes),
+    alias_bytes=int(m.alias_size_in_bytes),
+    peak_bytes=int(getattr(m, "peak_memory_in_bytes", 0) or total),
+    flops=float(cost.get("flops", 0.0)),
+    bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+    pallas="tpu_custom_call" in compiled.as_text(),
+    compile_seconds=seconds,
+  )

@@ -1,0 +1,401 @@
+"""A run plan: every program of an RL iteration compiled for a TPU slice
+from any host, measured against the slice's chips.
+
+`plan_run(config, "v5p:4x4x4")` lowers the run's programs with abstract
+inputs (`rljax.training._abstract`; no weight is allocated) inside
+`pallas_kernels.compile_for("tpu")`, compiles them for the topology
+(`jax.experimental.topologies`, which needs libtpu: ``pip install -e
+".[tpu]"``) and reports per program the memory analysis per device, and per
+run the peak against the chip's HBM, a roofline time per program and an
+iteration estimate. A run that does not fit is refused with the nearest
+configuration that does (`search`).
+
+The roofline needs whole-program costs, but XLA's cost analysis counts a
+loop body once, and the model's layers are one `lax.scan`. So costs come
+from two more compiles of each program at 1 and 2 layers, unrolled, with one
+micro-batch, mini-batch and epoch: cost = c1 + (layers - 1) (c2 - c1), the
+update's times the epochs, the decode segment's (one decode step) times
+``sampler.max_new_tokens``.
+"""
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import jax
+
+from rljax._src.errors import UserError
+from rljax.plan._chips import GIB
+from rljax.plan._chips import Slice
+from rljax.plan._chips import parse_slice
+from rljax.plan._measure import Measured
+from rljax.plan._measure import measure
+
+
+def topology_devices(slice_: Slice) -> list:
+  """The devices of `slice_` as JAX's TPU compiler sees them (no TPU needs
+  to be attached; libtpu must be installed)."""
+  from jax.experimental import topologies
+
+  try:
+    return list(
+      topologies.get_topology_desc(
+        platform="tpu", topology_name=slice_.name
+      ).devices
+    )
+  except Exception as e:  # noqa: BLE001 - libtpu missing or too old
+    raise UserError(
+      f"cannot compile for {slice_.name}: {str(e).splitlines()[0][:200]}."
+      ' Install libtpu with pip install -e ".[tpu]" (about 680 MB).'
+    ) from e
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+  """A program's whole cost per device (layers and loops counted) and its
+  roofline time."""
+
+  flops: float
+  bytes_accessed: float
+  seconds: float
+
+
+@dataclasses.dataclass
+class Plan:
+  """What `plan_run` found; `to_json` is plan.json.
+
+  Attributes:
+    slice: the `Slice`.
+    devices: JAX devices in it (chips; v4 shows one per TensorCore).
+    mesh: {"data": ..., "fsdp": ..., "tensor": ...}.
+    programs: each program compiled at the run's shapes.
+    costs: name -> `Cost` (whole program, per device).
+    hbm_bytes: HBM per device.
+    parameter_bytes: the policy's parameter bytes per device.
+    iteration: seconds of an RL iteration by part (rollout, score,
+      update, total), from the roofline times.
+    tokens_per_second: sampled tokens per second at that estimate.
+    overrides: the config overrides this plan was made with.
+  """
+
+  slice: Slice
+  devices: int
+  mesh: dict
+  programs: list[Measured]
+  costs: dict[str, Cost]
+  hbm_bytes: int
+  parameter_bytes: int
+  iteration: dict[str, float]
+  tokens_per_second: float
+  overrides: tuple[str, ...] = ()
+
+  @property
+  def peak(self) -> Measured:
+    """The program with the largest per-device peak."""
+    return max(self.programs, key=lambda p: p.peak_bytes)
+
+  @property
+  def fits(self) -> bool:
+    return self.peak.peak_bytes <= self.hbm_bytes
+
+  def to_json(self) -> dict[str, Any]:
+    chip = self.slice.chip
+    return {
+      "slice": self.slice.name,
+      "chip": {
+        **dataclasses.asdict(chip),
+      },
+      "devices": self.devices,
+      "mesh": self.mesh,
+      "overrides": list(self.overrides),
+      "fits": self.fits,
+      "hbm_bytes_per_device": self.hbm_bytes,
+      "peak_bytes_per_device": self.peak.peak_bytes,
+      "peak_program": self.peak.name,
+      "parameter_bytes_per_device": self.parameter_bytes,
+      "programs": [dataclasses.asdict(p) for p in self.programs],
+      "costs": {k: dataclasses.asdict(v) for k, v in self.costs.items()},
+      "iteration_seconds": self.iteration,
+      "tokens_per_second": self.tokens_per_second,
+    }
+
+
+def _lowered(config, devices, task, policy_config):
+  """The abstract run and its lowered programs, traced for the devices'
+  platform (the Pallas kernels of a TPU)."""
+  import pallas_kernels
+  from rljax.training import _abstract
+
+  run = _abstract.abstract_run(
+    config, devices, task=task, policy_config=policy_config
+  )
+  with pallas_kernels.compile_for(devices[0].platform):
+    return run, _abstract.lowered_programs(run)
+
+
+def _measured(config, devices, task, policy_config):
+  run, lowered = _lowered(config, devices, task, policy_config)
+  return run, [measure(name, low) for name, low in lowered.items()]
+
+
+def _layers(policy_config, n: int):
+  """`policy_config` cut to `n` layers, unrolled (its loop body is then the
+  whole stack, which the cost analysis counts)."""
+  types = policy_config.layer_types
+  return dataclasses.replace(
+    policy_config,
+    num_layers=n,
+    scan_unroll=n,
+    layer_types=None if types is None else tuple(types[:n]),
+  )
+
+
+def _costs(config, devices, task, policy_config, chip, per_chip):
+  """name -> whole-program `Cost` per device, from the 1- and 2-layer
+  compiles (see the module docstring)."""
+  one = dataclasses.replace(
+    config.train, microbatches=1, minibatches=1, epochs=1
+  )
+  flat = dataclasses.replace(config, train=one)
+  layers = policy_config.num_layers
+  by_depth = [
+    {
+      m.name: m
+      for m in _measured(flat, devices, task, _layers(policy_config, n))[1]
+    }
+    for n in sorted({1, min(2, layers)})
+  ]
+  first, second = by_depth[0], by_depth[-1]
+  out = {}
+  for name, m1 in first.items():
+    m2 = second[name]
+    flops = m1.flops + (layers - 1) * (m2.flops - m1.flops)
+    moved = m1.bytes_accessed + (layers - 1) * (
+      m2.bytes_accessed - m1.bytes_accessed
+    )
+    whole = dataclasses.replace(m1, flops=flops, bytes_accessed=moved)
+    out[name] = Cost(flops, moved, whole.seconds(chip, per_chip))
+  return out
+
+
+def _iteration(config, costs, slots: int) -> tuple[dict, float]:
+  """Seconds of an RL iteration by part, and sampled tokens per second."""
+  c = config
+  rows = c.train.prompts_per_step * c.sampler.num_samples
+  width = c.sampler.max_new_tokens
+  waves = math.ceil(rows / slots)
+  chunks = math.ceil(max(c.task.max_prompt_tokens - 1, 1) / 256)
+  none = Cost(0.0, 0.0, 0.0)
+  rollout = waves * (
+    chunks * costs.get("prefill", none).seconds
+    + width * costs.get("decode_segment", none).seconds
+  )
+  parts = {
+    "rollout": rollout,
+    "score": costs.get("score", none).seconds,
+    "update": costs["update"].seconds * c.train.epochs,
+  }
+  parts["total"] = sum(parts.values())
+  tokens = rows * width / parts["total"] if parts["total"] else 0.0
+  return parts, tokens
+
+
+def _parameter_bytes(params) -> int:
+  """Bytes of one device's shards of `params` (abstract, sharded)."""
+  return sum(
+    math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+    for x in jax.tree.leaves(params)
+  )
+
+
+def _engine_slots(config) -> int:
+  from rljax.training import _trainer_rollouts
+
+  return _trainer_rollouts.engine_settings(config)["slots"]
+
+
+def _check_kind(config) -> None:
+  if config.kind != "rl":
+    raise UserError(
+      f"kind={config.kind!r}: --plan plans RL runs (their rollout, scoring"
+      " and update programs); a supervised, preference or distillation"
+      " run's step can be checked with --dry_run."
+    )
+
+
+class _Context:
+  """What every plan of one config on one slice shares."""
+
+  def __init__(self, config, topology: str, task=None):
+    from rljax.training import _abstract
+
+    _check_kind(config)
+    self.slice = parse_slice(topology)
+    self.devices = topology_devices(self.slice)
+    self.per_chip = max(1, len(self.devices) // self.slice.chips)
+    self.hbm = self.slice.chip.hbm_bytes // self.per_chip
+    self.task = task or _abstract.run_task(config)
+    self.policy_config = _abstract.model_config(
+      config.model, self.task.alphabet
+    )
+
+  def memory(self, config):
+    """(abstract run, measured programs) of `config` at full depth."""
+    return _measured(config, self.devices, self.task, self.policy_config)
+
+  def plan(self, config, overrides=()) -> Plan:
+    run, programs = self.memory(config)
+    costs = _costs(
+      config,
+      self.devices,
+      self.task,
+      self.policy_config,
+      self.slice.chip,
+      self.per_chip,
+    )
+    iteration, tokens = _iteration(config, costs, _engine_slots(config))
+    return Plan(
+      slice=self.slice,
+      devices=len(self.devices),
+      mesh=dict(run.mesh.shape),
+      programs=programs,
+      costs=costs,
+      hbm_bytes=self.hbm,
+      parameter_bytes=_parameter_bytes(run.state.policy.params),
+      iteration=iteration,
+      tokens_per_second=tokens,
+      overrides=tuple(overrides),
+    )
+
+
+def plan_run(config, topology: str, *, task=None) -> Plan:
+  """The `Plan` of RL run `config` on TPU slice `topology` ("v5e:4x4",
+  "v5p-128", ...; see `parse_slice`).
+
+  Raises:
+    UserError: libtpu is missing, the run is not RL, or ``train.mesh`` does
+      not fit the slice or the model.
+  """
+  return _Context(config, topology, task).plan(config)
+
+
+def _candidates(config, mesh: dict) -> list[tuple[str, ...]]:
+  """Override sets that lower per-device memory, nearest first: more fsdp
+  (from the data axis), more micro-batches, fewer decode slots, LoRA; then
+  the largest of the first two together, then with LoRA."""
+  d, f, t = mesh["data"], mesh["fsdp"], mesh["tensor"]
+  fsdp = [
+    (f"train.mesh=({d // k},{f * k},{t})",)
+    for k in (2, 4, 8, 16, 32, 64)
+    if d % k == 0
+  ]
+  micro = config.train.microbatches
+  micros = [(f"train.microbatches={micro * k}",) for k in (2, 4, 8)]
+  slots = _engine_slots(config)
+  fewer = [
+    (f"sampler.slots={slots // k}",) for k in (2, 4) if slots % k == 0
+  ]
+  lora = () if config.model.lora_rank else ("model.lora_rank=16",)
+  out = [*fsdp, *micros, *fewer]
+  if lora:
+    out.append(lora)
+  both = (fsdp[-1] if fsdp else ()) + (micros[-1] if micros else ())
+  out += [both, both + lora] if lora else [both]
+  return [c for c in out if c]
+
+
+def search(config, topology: str, *, task=None, limit: int = 12):
+  """The first of `_candidates` (at most `limit` compiled) whose peak fits
+  the slice's HBM, as (overrides, `Plan`); None when none does."""
+  from rljax.training import override
+  from rljax.training._validate import validate
+
+  context = _Context(config, topology, task)
+  _, programs = context.memory(config)
+  mesh = dict(
+    zip(
+      ("data", "fsdp", "tensor"),
+      _resolved_mesh(config.train.mesh, len(context.devices)),
+    )
+  )
+  for items in _candidates(config, mesh)[:limit]:
+    try:
+      candidate = validate(override(config, list(items)))
+      _, measured = context.memory(candidate)
+    except (UserError, ValueError):
+      continue  # not a valid run here (a batch the mesh cannot split)
+    if max(m.peak_bytes for m in measured) <= context.hbm:
+      return items, context.plan(candidate, items)
+  return None
+
+
+def _resolved_mesh(sizes, devices: int) -> tuple[int, int, int]:
+  known = math.prod(s for s in sizes if s != -1)
+  return tuple(devices // known if s == -1 else s for s in sizes)
+
+
+def _gib(n: float) -> str:
+  """Bytes in GiB, or MiB below one GiB."""
+  if abs(n) < GIB:
+    return f"{n / 2**20:.2f} MiB"
+  return f"{n / GIB:.2f} GiB"
+
+
+def table(plan: Plan) -> str:
+  """The plan as text: one row per program, then the run."""
+  chip = plan.slice.chip
+  head = (
+    f"{'program':<16}{'args':>11}{'outputs':>11}{'temps':>11}{'code':>11}"
+    f"{'peak':>11}{'TFLOP':>9}{'GB moved':>10}{'roofline':>10}  pallas"
+  )
+  lines = [
+    f"plan for {plan.slice.name}: {plan.devices} devices, mesh {plan.mesh},"
+    f" {_gib(plan.hbm_bytes)} HBM a device ({chip.source})",
+    head,
+  ]
+  for m in plan.programs:
+    cost = plan.costs.get(m.name, Cost(m.flops, m.bytes_accessed, 0.0))
+    lines.append(
+      f"{m.name:<16}"
+      + "".join(
+        f"{_gib(b):>11}"
+        for b in (
+          m.argument_bytes,
+          m.output_bytes,
+          m.temp_bytes,
+          m.code_bytes,
+          m.peak_bytes,
+        )
+      )
+      + f"{cost.flops / 1e12:>9.3f}{cost.bytes_accessed / 1e9:>10.2f}"
+      + f"{cost.seconds * 1e3:>8.2f}ms  {'yes' if m.pallas else 'no'}"
+    )
+  it = plan.iteration
+  lines += [
+    f"parameters: {_gib(plan.parameter_bytes)} a device; peak"
+    f" {_gib(plan.peak.peak_bytes)} in {plan.peak.name}:"
+    f" {'fits' if plan.fits else 'does NOT fit'}",
+    f"iteration (roofline): rollout {it['rollout']:.3f} s + score"
+    f" {it['score']:.3f} s + update {it['update']:.3f} s = {it['total']:.3f}"
+    f" s; {plan.tokens_per_second:,.0f} sampled tokens/s",
+  ]
+  return "\n".join(lines)
+
+
+def over_message(plan: Plan, found) -> str:
+  """The one-line refusal of a plan that does not fit, with the nearest
+  configuration that does (`search`'s) or none found."""
+  peak = plan.peak
+  message = (
+    f"{plan.slice.name}: program {peak.name!r} needs"
+    f" {_gib(peak.peak_bytes)} a device,"
+    f" {_gib(peak.peak_bytes - plan.hbm_bytes)} over the"
+    f" {plan.slice.chip.name}'s {_gib(plan.hbm_bytes)} HBM"
+  )
+  if found is None:
+    return message + "; no configuration tried fits: use a larger slice."
+  items, fitted = found
+  return (
+    f"{message}; nearest that fits (peak {_gib(fitted.peak.peak_bytes)}):"
+    f" {' '.join(items)}"
+  )

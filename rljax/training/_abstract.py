@@ -1,0 +1,291 @@
+"""The programs of a run, lowered with abstract inputs on any devices.
+
+`abstract_run` builds what `Trainer` builds (policy, reference, critic,
+optimizer and algorithm states, batch) as `jax.ShapeDtypeStruct` leaves with
+the shardings the run would give them on a mesh of `devices`, without
+allocating a weight: devices may be a TPU topology's
+(`jax.experimental.topologies`) on a CPU host. `lowered_programs` lowers
+each jitted program of an RL iteration with them.
+"""
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple, Optional
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax import checkpoints
+from rljax import sampling
+from rljax import sharding
+from rljax._src.base import Batch
+from rljax._src.errors import UserError
+from rljax.models import Transformer
+from rljax.models import ValueModel
+from rljax.models import _lora
+from rljax.training import _build
+from rljax.training import _trainer_batch
+from rljax.training import _trainer_rollouts
+from rljax.training import _trainer_setup
+from rljax.training import _warm_start
+from rljax.training._step import Models
+from rljax.training._step import PolicyState
+from rljax.training._step import Sequences
+from rljax.training._step import TrainState
+from rljax.training._step import ValueState
+
+SHAPE_PREFIX = "shape:"
+
+
+class AbstractRun(NamedTuple):
+  """A run's structure and abstract, sharded inputs (no arrays)."""
+
+  config: Any
+  mesh: jax.sharding.Mesh
+  models: Models
+  algorithm: Any
+  needs: dict
+  state: TrainState
+  seqs: Sequences
+  batch: Batch
+  key: jax.ShapeDtypeStruct
+  policy_config: Any
+
+
+def run_task(config):
+  """The task `config` names, with its extra rewards (`Trainer`'s)."""
+  return _trainer_setup.run_task(config, None, None)
+
+
+def model_config(spec, alphabet: str):
+  """The policy's `ModelConfig` from ``config.model`` without weights:
+  scratch sizes, a published shape (``shape:<name>``), or the config of a
+  checkpoint (read, not loaded)."""
+  if spec.source.startswith(SHAPE_PREFIX):
+    return checkpoints.shape_config(
+      spec.source[len(SHAPE_PREFIX) :],
+      dtype=spec.dtype,
+      param_dtype=spec.param_dtype,
+      scan_unroll=spec.scan_unroll,
+    )
+  model, _ = _build.build_policy(spec, alphabet, 0)
+  return model.config
+
+
+def _abstract_policy(config, spec):
+  """The (LoRA-adapted) policy with abstract weights."""
+  return nnx.eval_shape(
+    lambda: _build.adapt(Transformer(config, rngs=nnx.Rngs(0)), spec)
+  )
+
+
+def _with_shardings(tree, shardings):
+  """`tree`'s leaves as `jax.ShapeDtypeStruct` with the shardings of
+  `shardings`, a prefix of `tree` (one per `nnx.Variable`, say)."""
+  return jax.tree.map(
+    lambda s, sub: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), sub
+    ),
+    shardings,
+    tree,
+  )
+
+
+def _placed(model, mesh):
+  """The abstract state of `model` with its parameter shardings."""
+  state = nnx.state(model)
+  return _with_shardings(state, sharding.param_shardings(state, mesh))
+
+
+def _opt_state(optimizer, params, mesh):
+  """The abstract optimizer state of `params`, sharded as the jitted init
+  would place it (moments like their parameters)."""
+  shardings = jax.tree.map(lambda x: x.sharding, params)
+  compiled = (
+    jax.jit(optimizer.init, in_shardings=(shardings,)).lower(params).compile()
+  )
+  return _with_shardings(
+    jax.eval_shape(optimizer.init, params), compiled.output_shardings
+  )
+
+
+def _on_mesh(tree, mesh):
+  """Leaves an init makes from nothing (Adam's count) replicated on the mesh,
+  as `_build.init_state` places them."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.tree.map(
+    lambda x: x
+    if getattr(x.sharding, "mesh", None) == mesh
+    else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+    tree,
+  )
+
+
+def _rows(shape, dtype, mesh):
+  """An abstract batch array split over the batch axes."""
+  return jax.ShapeDtypeStruct(
+    shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape))
+  )
+
+
+def abstract_state(config, mesh, models, algorithm, needs, policy, critic):
+  """The abstract `TrainState` `_build.init_state` would place on `mesh`."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  params = _placed(policy, mesh)
+  trained = _lora.trainable(params)
+  lora = trained is not params
+  reference = needs["ref_logp_PGT"] or "reference" in (
+    _trainer_setup.rescored_models(algorithm)
+  )
+  value = None
+  if critic is not None:
+    v_params = _placed(critic, mesh)
+    value = ValueState(
+      v_params,
+      _on_mesh(_opt_state(models.value_optimizer, v_params, mesh), mesh),
+    )
+  algo = jax.eval_shape(algorithm.init)
+  state = TrainState(
+    policy=PolicyState(
+      params=params,
+      opt_state=_on_mesh(_opt_state(models.optimizer, trained, mesh), mesh),
+      algo_state=_with_shardings(
+        algo, jax.tree.map(lambda _: replicated, algo)
+      ),
+      step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+    ),
+    reference=(_lora.trainable(params) if lora else params)
+    if reference
+    else None,
+    value=value,
+  )
+  return state
+
+
+def _raw_batch(config, mesh, num_rewards: int) -> Batch:
+  """The abstract batch a rollout becomes (`_trainer_batch.raw_batch`)."""
+  c = config
+  p, g, t = c.train.prompts_per_step, c.sampler.num_samples, c.sampler.max_new_tokens
+  return Batch(
+    mask_PGT=_rows((p, g, t), jnp.float32, mesh),
+    rewards_PG=_rows((p, g), jnp.float32, mesh),
+    rewards_PGK=_rows((p, g, num_rewards), jnp.float32, mesh),
+    rollout_logp_PGT=_rows((p, g, t), jnp.float32, mesh),
+    truncated_PG=_rows((p, g), jnp.bool_, mesh),
+    prompt_ids_P=_rows((p,), jnp.int32, mesh),
+    tokens_PGT=_rows((p, g, t), jnp.int32, mesh),
+  )
+
+
+def _placed_like(tree, mesh):
+  """Abstract outputs of a pass, split over the batch axes as the trainer's
+  `device_put` places them."""
+  return jax.tree.map(lambda x: _rows(x.shape, x.dtype, mesh), tree)
+
+
+def abstract_run(config, devices, *, task, policy_config) -> AbstractRun:
+  """Everything an RL iteration of `config` reads, abstract and sharded over
+  a mesh of `devices` (``train.mesh`` sizes), for a policy of
+  `policy_config` (`model_config`) and `task` (`run_task`).
+
+  Raises:
+    UserError: ``train.mesh`` does not fit the devices, or does not divide
+      the batch or a parameter (heads, KV heads, experts, vocabulary).
+  """
+  c = config
+  try:
+    mesh = sharding.make_mesh(*c.train.mesh, devices=devices)
+    sharding.check_batch(
+      "train.prompts_per_step", c.train.prompts_per_step, mesh
+    )
+    policy = _abstract_policy(policy_config, c.model)
+    _placed(policy, mesh)
+  except ValueError as e:
+    raise UserError(f"train.mesh={tuple(c.train.mesh)}: {e}") from e
+  algorithm = _trainer_setup.algorithm(c)
+  needs = {
+    f: _build.needs_field(algorithm, f) for f in _trainer_setup.NEEDED_FIELDS
+  }
+  critic = (
+    nnx.eval_shape(lambda: ValueModel(policy_config, rngs=nnx.Rngs(0)))
+    if needs["old_values_PGT"]
+    else None
+  )
+  opt = _build.optimizer(c.optim)
+  models = Models(
+    policy=nnx.graphdef(policy),
+    value=None if critic is None else nnx.graphdef(critic),
+    optimizer=opt,
+    value_optimizer=None if critic is None else opt,
+  )
+  state = abstract_state(c, mesh, models, algorithm, needs, policy, critic)
+  p, g = c.train.prompts_per_step, c.sampler.num_samples
+  width = c.task.max_prompt_tokens + c.sampler.max_new_tokens
+  seqs = Sequences(
+    tokens_PGL=_rows((p, g, width), jnp.int32, mesh),
+    mask_PGL=_rows((p, g, width), jnp.int32, mesh),
+  )
+  batch = _raw_batch(c, mesh, max(len(task.rewards), 1))
+  score = _trainer_batch.score_fn(
+    c, models, needs, None, algorithm.rescores, c.sampler.temperature, mesh
+  )
+  with jax.set_mesh(mesh):
+    scores = dict(jax.eval_shape(score, state, None, seqs))
+  batch = batch._replace(**_placed_like(scores.pop("fields"), mesh))
+  batch = batch.with_extra(**_placed_like(scores, mesh))
+  if needs["baseline_rewards_P"]:
+    batch = batch._replace(baseline_rewards_P=_rows((p,), jnp.float32, mesh))
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  prepared, _ = jax.eval_shape(
+    lambda b, s, k: algorithm.prepare(b, s, key=k),
+    batch,
+    state.policy.algo_state,
+    key,
+  )
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
+  return AbstractRun(
+    config=c,
+    mesh=mesh,
+    models=models,
+    algorithm=algorithm,
+    needs=needs,
+    state=state,
+    seqs=seqs,
+    batch=_placed_like(prepared, mesh),
+    key=key,
+    policy_config=policy_config,
+  )
+
+
+def lowered_programs(run: AbstractRun) -> dict[str, Any]:
+  """{name: `jax.stages.Lowered`} of the programs an RL iteration runs: the
+  scoring pass and the update (and the warm start's step)."""
+  c = run.config
+  out = {}
+  score = _trainer_batch.score_fn(
+    c, run.models, run.needs, None, run.algorithm.rescores,
+    c.sampler.temperature,
+    run.mesh,
+  )
+  out["score"] = score.lower(run.state, None, run.seqs)
+  spec = _trainer_setup.update_spec(c)
+  shardings = jax.tree.map(lambda x: x.sharding, run.state)
+  update = _trainer_batch.update_fn(run.models, run.algorithm, spec, shardings)
+  out["update"] = update.lower(run.state, run.seqs, run.batch, run.key)
+  if c.sampler.engine == "continuous":
+    engine = sampling.Engine(
+      run.policy_config,
+      **_trainer_rollouts.engine_settings(c),
+      top_k=c.sampler.top_k,
+      top_p=c.sampler.top_p,
+      mesh=run.mesh,
+    )
+    out.update(
+      engine.lower(
+        run.models.policy, run.state.policy.params, c.task.max_prompt_tokens
+      )
+    )
+  return out
