@@ -1,8 +1,12 @@
 """What a compiled program needs: its memory analysis and cost analysis,
 and the roofline time of that cost on a chip."""
 
+import contextlib
 import dataclasses
+import re
 import time
+
+import jax
 
 from rljax.plan._chips import Chip
 
@@ -22,6 +26,8 @@ class Measured:
     flops, bytes_accessed: `cost_analysis()` (each loop body counted once).
     pallas: whether the program holds a Pallas TPU (Mosaic) kernel.
     compile_seconds: how long the compile took.
+    error: the compiler's refusal when the program does not fit (then
+      only ``temp_bytes`` and ``peak_bytes``, the need it states, are set).
   """
 
   name: str
@@ -35,6 +41,7 @@ class Measured:
   bytes_accessed: float
   pallas: bool
   compile_seconds: float
+  error: str = ""
 
   def seconds(self, chip: Chip, devices_per_chip: int = 1) -> float:
     """The roofline time: max(FLOPs / peak FLOP/s, bytes / HBM bandwidth)
@@ -52,10 +59,52 @@ def _cost(compiled) -> dict:
   return cost or {}
 
 
+@contextlib.contextmanager
+def _no_persistent_cache():
+  """JAX's persistent compilation cache off: a program compiled for
+  devices that are not attached (a TPU topology) cannot be loaded back."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", enabled)
+
+
+_SIZE = re.compile(r"([\d.]+)([KMGT])\b")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _required_bytes(message: str) -> int:
+  """The bytes a TPU compile that ran out of HBM says it needed: the first
+  size in its message ("... HLO temporaries (61.74G) exceeds ...")."""
+  found = _SIZE.search(message)
+  if found is None:
+    return 0
+  return int(float(found.group(1)) * _UNITS[found.group(2)])
+
+
+def _over(name: str, error: Exception, seconds: float) -> Measured:
+  """A program the TPU compiler refused for HBM: its stated need."""
+  need = _required_bytes(str(error))
+  return Measured(
+    name, 0, 0, need, 0, 0, need, 0.0, 0.0, False, seconds,
+    error=str(error).splitlines()[0][:300],
+  )
+
+
 def measure(name: str, lowered) -> Measured:
-  """Compile `lowered` (a `jax.stages.Lowered`) and measure it."""
+  """Compile `lowered` (a `jax.stages.Lowered`) and measure it; a program
+  the TPU compiler refuses for lack of HBM is measured by the need it
+  states (`Measured.error`)."""
   start = time.perf_counter()
-  compiled = lowered.compile()
+  try:
+    with _no_persistent_cache():
+      compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return _over(name, e, time.perf_counter() - start)
   seconds = time.perf_counter() - start
   m = compiled.memory_analysis()
   total = (

@@ -20,6 +20,7 @@ update's times the epochs, the decode segment's (one decode step) times
 
 import dataclasses
 import math
+import os
 from typing import Any, Optional
 
 import jax
@@ -37,6 +38,9 @@ def topology_devices(slice_: Slice) -> list:
   to be attached; libtpu must be installed)."""
   from jax.experimental import topologies
 
+  # libtpu takes a lock file (one process a host) even to compile for a
+  # topology; nothing runs on a chip here, so plans may run side by side.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     return list(
       topologies.get_topology_desc(

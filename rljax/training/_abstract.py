@@ -99,27 +99,12 @@ def _placed(model, mesh):
   return _with_shardings(state, sharding.param_shardings(state, mesh))
 
 
-def _opt_state(optimizer, params, mesh):
-  """The abstract optimizer state of `params`, sharded as the jitted init
-  would place it (moments like their parameters)."""
-  shardings = jax.tree.map(lambda x: x.sharding, params)
-  compiled = (
-    jax.jit(optimizer.init, in_shardings=(shardings,)).lower(params).compile()
-  )
+def _opt_state(optimizer, params):
+  """The abstract optimizer state of `params`, placed as `init_state`
+  places it."""
   return _with_shardings(
-    jax.eval_shape(optimizer.init, params), compiled.output_shardings
-  )
-
-
-def _on_mesh(tree, mesh):
-  """Leaves an init makes from nothing (Adam's count) replicated on the mesh,
-  as `_build.init_state` places them."""
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  return jax.tree.map(
-    lambda x: x
-    if getattr(x.sharding, "mesh", None) == mesh
-    else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-    tree,
+    jax.eval_shape(optimizer.init, params),
+    _build.opt_state_shardings(optimizer, params),
   )
 
 
@@ -144,13 +129,13 @@ def abstract_state(config, mesh, models, algorithm, needs, policy, critic):
     v_params = _placed(critic, mesh)
     value = ValueState(
       v_params,
-      _on_mesh(_opt_state(models.value_optimizer, v_params, mesh), mesh),
+      _opt_state(models.value_optimizer, v_params),
     )
   algo = jax.eval_shape(algorithm.init)
   state = TrainState(
     policy=PolicyState(
       params=params,
-      opt_state=_on_mesh(_opt_state(models.optimizer, trained, mesh), mesh),
+      opt_state=_opt_state(models.optimizer, trained),
       algo_state=_with_shardings(
         algo, jax.tree.map(lambda _: replicated, algo)
       ),

@@ -230,6 +230,23 @@ def needs_field(algorithm: Algorithm, field: str) -> bool:
   return False
 
 
+def opt_state_shardings(optimizer, params):
+  """The shardings of ``optimizer.init(params)``: each parameter-shaped
+  leaf (Adam's moments, float32 master copies) like its parameter, the rest
+  (step counts) replicated on the parameters' mesh. Set, not left to XLA's
+  propagation, which may replicate them (a pod's HBM many times over)."""
+  shardings = jax.tree.map(lambda x: x.sharding, params)
+  mesh = jax.tree.leaves(shardings)[0].mesh
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return optax.tree_map_params(
+    optimizer,
+    lambda _, sharding: sharding,
+    jax.eval_shape(optimizer.init, params),
+    shardings,
+    transform_non_params=lambda _: replicated,
+  )
+
+
 def init_state(
   policy: Transformer,
   *,
@@ -242,8 +259,8 @@ def init_state(
   """The train state placed on `mesh`, and its shardings (jit in/out).
 
   Parameters go where the logical-axis rules say; optimizer states are
-  built by a jitted ``init`` from the placed parameters, so Adam's moments
-  inherit each parameter's sharding. The algorithm state and step are
+  built by a jitted ``init`` whose outputs are placed like their
+  parameters (`opt_state_shardings`). The algorithm state and step are
   replicated.
   """
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -251,18 +268,6 @@ def init_state(
   def placed(model):
     state = nnx.state(model)
     return jax.device_put(state, sharding.param_shardings(state, mesh))
-
-  def on_mesh(tree):
-    # Leaves that init makes from nothing (Adam's step count) land on one
-    # device; a multi-host jit needs every argument on the mesh.
-    return jax.tree.map(
-      lambda x: (
-        x
-        if getattr(x.sharding, "mesh", None) == mesh
-        else jax.device_put(x, replicated)
-      ),
-      tree,
-    )
 
   params = placed(policy)
   # With LoRA only the adapters train (`_lora.trainable`), and the reference
@@ -273,12 +278,18 @@ def init_state(
   value = None
   if critic is not None:
     v_params = placed(critic)
-    v_opt = on_mesh(jax.jit(models.value_optimizer.init)(v_params))
+    v_opt = jax.jit(
+      models.value_optimizer.init,
+      out_shardings=opt_state_shardings(models.value_optimizer, v_params),
+    )(v_params)
     value = ValueState(v_params, v_opt)
   state = TrainState(
     policy=PolicyState(
       params=params,
-      opt_state=on_mesh(jax.jit(models.optimizer.init)(trained)),
+      opt_state=jax.jit(
+        models.optimizer.init,
+        out_shardings=opt_state_shardings(models.optimizer, trained),
+      )(trained),
       algo_state=jax.device_put(algorithm.init(), replicated),
       step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
     ),

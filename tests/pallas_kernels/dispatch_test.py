@@ -35,7 +35,7 @@ def _warnings(caplog):
 
 def test_auto_is_chunked_on_cpu_without_a_warning(caplog):
   assert _dispatch.resolve("auto", (F32, F32)).name == "chunked"
-  assert _dispatch.resolve("auto", (F32, F32), 16, 256).forward.keywords == {
+  assert inspect.unwrap(_dispatch.resolve("auto", (F32, F32), 16, 256).forward).keywords == {
     "block_n": 16,
     "block_v": 256,
   }
@@ -47,10 +47,10 @@ def test_auto_picks_the_backends_kernel(backend, monkeypatch, caplog):
   monkeypatch.setattr(_dispatch, "_backend", lambda: backend)
   sched = _dispatch.resolve("auto", (BF16, BF16))
   assert sched.name == f"pallas_{backend}"
-  assert sched.forward.keywords["interpret"] is False
+  assert inspect.unwrap(sched.forward).keywords["interpret"] is False
   assert (
-    sched.forward.keywords["block_n"],
-    sched.forward.keywords["block_v"],
+    inspect.unwrap(sched.forward).keywords["block_n"],
+    inspect.unwrap(sched.forward).keywords["block_v"],
   ) == (pk.DEFAULT_BLOCKS[sched.name])
   assert not _warnings(caplog)
 
@@ -59,7 +59,7 @@ def test_compile_for_chooses_the_targets_kernel(caplog):
   with pk.compile_for("tpu"):
     sched = _dispatch.resolve("auto", (BF16, BF16))
     assert sched.name == "pallas_tpu"
-    assert sched.forward.keywords["interpret"] is False
+    assert inspect.unwrap(sched.forward).keywords["interpret"] is False
     with pk.compile_for("cpu"):  # nested: the innermost wins
       assert _dispatch.resolve("auto", (F32, F32)).name == "chunked"
     assert _dispatch.resolve("pallas_tpu", (F32, F32)).name == "pallas_tpu"
@@ -73,8 +73,8 @@ def test_compile_for_chooses_the_targets_kernel(caplog):
 def test_pallas_interpret_runs_the_tpu_kernel_interpreted():
   sched = _dispatch.resolve("pallas_interpret", (F32, F32))
   assert sched.name == "pallas_interpret"
-  assert sched.backward.func.__module__ == "pallas_kernels._pallas_tpu"
-  assert sched.backward.keywords["interpret"] is True
+  assert inspect.unwrap(sched.backward).func.__module__ == "pallas_kernels._pallas_tpu"
+  assert inspect.unwrap(sched.backward).keywords["interpret"] is True
 
 
 @pytest.mark.parametrize("schedule", ["pallas_tpu", "pallas_gpu"])

@@ -1,0 +1,146 @@
+"""Run plans compiled for a TPU slice from this CPU host (`rljax.plan`;
+needs libtpu, the ``tpu`` extra)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from rljax import plan
+from rljax.plan import _plan
+from rljax.training import load_config
+from rljax.training import override
+
+pytest.importorskip(
+  "libtpu", reason="compiling for a TPU needs libtpu: pip install -e '.[tpu]'"
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
+# The demo on v5e:2x2 with fsdp 2 x tensor 2: every weight is split.
+DEMO = ("train.mesh=(1,2,2)",)
+
+
+def _demo(*extra):
+  return override(load_config(CONFIGS / "grpo.py"), [*DEMO, *extra])
+
+
+@pytest.fixture(scope="module")
+def demo_plan():
+  return plan.plan_run(_demo(), "v5e:2x2")
+
+
+def test_each_programs_bytes_are_its_compiled_memory_analysis(demo_plan):
+  config = _demo()
+  context = _plan._Context(config, "v5e:2x2")
+  _, lowered = _plan._lowered(
+    config, context.devices, context.task, context.policy_config
+  )
+  assert [p.name for p in demo_plan.programs] == list(lowered)
+  with _plan_no_cache():
+    for program in demo_plan.programs:
+      m = lowered[program.name].compile().memory_analysis()
+      assert (
+        program.argument_bytes,
+        program.output_bytes,
+        program.temp_bytes,
+        program.code_bytes,
+        program.alias_bytes,
+      ) == (
+        m.argument_size_in_bytes,
+        m.output_size_in_bytes,
+        m.temp_size_in_bytes,
+        m.generated_code_size_in_bytes,
+        m.alias_size_in_bytes,
+      )
+
+
+def _plan_no_cache():
+  from rljax.plan import _measure
+
+  return _measure._no_persistent_cache()
+
+
+def test_parameter_bytes_are_each_weights_share_of_the_mesh(demo_plan):
+  # The demo model (vocabulary 16, width 64, 2 layers, 4 heads, 2 KV heads
+  # of 16, MLP 192), float32, fsdp=2 over "embed" and tensor=2 over vocab,
+  # heads, KV heads and MLP (sharding.DEFAULT_RULES), elements per device:
+  #   embed 16x64/4 = 256; final_norm 64/2 = 32; two norms 2x64/2 = 64 each;
+  #   gate, up, down 2x64x192/4 = 6144 each; q, o 2x64x4x16/4 = 2048 each;
+  #   k, v 2x64x2x16/4 = 1024 each.
+  elements = 256 + 32 + 2 * 64 + 3 * 6144 + 2 * 2048 + 2 * 1024
+  assert demo_plan.parameter_bytes == 4 * elements == 99_968
+  assert demo_plan.mesh == {"data": 1, "fsdp": 2, "tensor": 2}
+
+
+def test_the_update_uses_the_pallas_tpu_kernel(demo_plan):
+  update = next(p for p in demo_plan.programs if p.name == "update")
+  assert update.pallas
+  assert demo_plan.fits and demo_plan.peak.peak_bytes < demo_plan.hbm_bytes
+  assert demo_plan.hbm_bytes == 16 * 2**30  # v5e
+  it = demo_plan.iteration
+  assert it["total"] == pytest.approx(
+    it["rollout"] + it["score"] + it["update"]
+  )
+  assert it["update"] > 0 and it["rollout"] > 0
+  record = json.loads(json.dumps(demo_plan.to_json()))
+  assert record["peak_program"] == demo_plan.peak.name
+  assert "roofline" in plan.table(demo_plan)
+
+
+def test_costs_extrapolate_the_layers_linearly(demo_plan, monkeypatch):
+  # With the per-layer cost c2 - c1 and the rest c1 - (c2 - c1), a model of
+  # L layers costs c1 + (L - 1)(c2 - c1): for the 2-layer demo, exactly the
+  # 2-layer compile's cost.
+  config = _demo()
+  context = _plan._Context(config, "v5e:2x2")
+  flat = override(
+    config, ["train.microbatches=1", "train.minibatches=1", "train.epochs=1"]
+  )
+  _, measured = _plan._measured(
+    flat,
+    context.devices,
+    context.task,
+    _plan._layers(context.policy_config, 2),
+  )
+  for m in measured:
+    assert demo_plan.costs[m.name].flops == pytest.approx(m.flops)
+
+
+def _cli(tmp_path, *args):
+  return subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "rljax.training",
+      *args,
+      f"output.directory={tmp_path}",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+
+
+def test_a_mesh_that_does_not_divide_the_kv_heads_is_one_line(tmp_path):
+  proc = _cli(
+    tmp_path, "--config", "configs/grpo.py", "--plan", "v5e:2x2",
+    "train.mesh=(1,1,4)",
+  )
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+  assert "train.mesh=(1, 1, 4)" in line and "kv_heads" in line, line
+  assert "Traceback" not in proc.stderr
+
+
+def test_the_cli_prints_the_plan_and_writes_plan_json(tmp_path):
+  proc = _cli(
+    tmp_path, "--config", "configs/grpo.py", "--plan", "v5e:2x2", *DEMO
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "update" in proc.stdout and "fits" in proc.stdout
+  record = json.loads((tmp_path / "plan.json").read_text())
+  assert record["fits"] and record["slice"] == "v5e:2x2"
