@@ -164,7 +164,10 @@ def _bind(name: str, module, block_n, block_v) -> Schedule:
   forward = functools.partial(module.forward, **kw)
   backward = functools.partial(module.backward, **kw)
   if name.startswith("pallas"):  # kernels XLA cannot partition
-    forward, backward = _partition.forward(forward), _partition.backward(backward)
+    forward, backward = (
+      _partition.forward(forward),
+      _partition.backward(backward),
+    )
   return Schedule(name, forward, backward)
 
 

@@ -1,7 +1,7 @@
 """The shared base of the pod plans: GRPO on math questions at the lengths
 of reasoning RL (512 prompt tokens, 2,048 sampled), a published model's
 shapes without weights (``model.source="shape:<name>"``), bfloat16 weights
-with float32 master copies.
+with float32 master copies, each layer recomputed in the backward (remat).
 
 These configs plan runs (``python -m rljax.training --config
 configs/pods/qwen3_8b_grpo.py --plan v5e-64``); to train, point
@@ -36,11 +36,16 @@ def pod_grpo(
       dtype="bfloat16",
       param_dtype="bfloat16",
       chat_template=True,
+      remat=True,
       lora_rank=lora_rank,
     ),
     task=TaskSpec(
       name="arithmetic",
-      kwargs={"digits": 3, "prompt_style": "question", "extract": "last_number"},
+      kwargs={
+        "digits": 3,
+        "prompt_style": "question",
+        "extract": "last_number",
+      },
       max_prompt_tokens=512,
     ),
     sampler=SamplerSpec(

@@ -53,6 +53,10 @@ class ModelConfig:
   for the backward pass), which dominates for shallow, narrow models (a
   2-layer toy model's train step is about 1.3x faster on CPU unrolled);
   compile time grows with it, so deep models keep the default of 1.
+  ``remat`` recomputes each layer's activations in the backward pass
+  (`jax.checkpoint` around the layer, MaxText's ``remat_policy="full"``):
+  only each layer's input is kept for the backward, at the cost of a second
+  forward; long sequences on a pod need it.
 
   Gemma: ``embed_scale=True`` (embeddings times sqrt(D)), ``norm_offset=True``
   (RMSNorm ``x * (1 + w)``, w stored as HF stores it), ``activation=
@@ -91,6 +95,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_unroll: int = 1
+  remat: bool = False
   embed_scale: bool = False
   norm_offset: bool = False
   activation: str = "silu"

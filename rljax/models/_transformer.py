@@ -641,6 +641,8 @@ class Transformer(nnx.Module):
       )
       return (x, kvs), (new, routing)
 
+    if c.remat:  # keep each layer's input; recompute the rest backward
+      body = jax.checkpoint(body, prevent_cse=False)
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
     if windowed:

@@ -88,7 +88,17 @@ def _over(name: str, error: Exception, seconds: float) -> Measured:
   """A program the TPU compiler refused for HBM: its stated need."""
   need = _required_bytes(str(error))
   return Measured(
-    name, 0, 0, need, 0, 0, need, 0.0, 0.0, False, seconds,
+    name,
+    0,
+    0,
+    need,
+    0,
+    0,
+    need,
+    0.0,
+    0.0,
+    False,
+    seconds,
     error=str(error).splitlines()[0][:300],
   )
 

@@ -12,16 +12,17 @@ configuration that does (`search`).
 
 The roofline needs whole-program costs, but XLA's cost analysis counts a
 loop body once, and the model's layers are one `lax.scan`. So costs come
-from two more compiles of each program at 1 and 2 layers, unrolled, with one
-micro-batch, mini-batch and epoch: cost = c1 + (layers - 1) (c2 - c1), the
-update's times the epochs, the decode segment's (one decode step) times
-``sampler.max_new_tokens``.
+from two more compiles of each program at 1 and 2 layers, unrolled:
+cost = c1 + (layers - 1) (c2 - c1); the update's micro-batch and
+optimizer-step loops are scaled to their trip counts, the decode segment's
+loop counts one decode step (times ``sampler.max_new_tokens``). A program
+the compiler refuses for HBM has no cost (and the plan does not fit).
 """
 
 import dataclasses
 import math
 import os
-from typing import Any, Optional
+from typing import Any
 
 import jax
 
@@ -154,28 +155,39 @@ def _layers(policy_config, n: int):
   )
 
 
+def _loop_factor(config) -> float:
+  """How many times the update's whole work is its counted work: the
+  update runs its first step and micro-batch outside `lax.scan` loops whose
+  bodies the cost analysis counts once (so 1 or 2 counted of each)."""
+  t = config.train
+  steps = t.epochs * t.minibatches
+  counted = (1 + (t.microbatches > 1)) * (1 + (steps > 1))
+  return t.microbatches * steps / counted
+
+
 def _costs(config, devices, task, policy_config, chip, per_chip):
-  """name -> whole-program `Cost` per device, from the 1- and 2-layer
-  compiles (see the module docstring)."""
-  one = dataclasses.replace(
-    config.train, microbatches=1, minibatches=1, epochs=1
-  )
-  flat = dataclasses.replace(config, train=one)
+  """name -> whole-program `Cost` per device, from compiles at 1 and 2
+  layers (see the module docstring); the update's loops counted in full
+  (`_loop_factor`), the decode segment's as one decode step."""
   layers = policy_config.num_layers
   by_depth = [
     {
       m.name: m
-      for m in _measured(flat, devices, task, _layers(policy_config, n))[1]
+      for m in _measured(config, devices, task, _layers(policy_config, n))[1]
     }
     for n in sorted({1, min(2, layers)})
   ]
   first, second = by_depth[0], by_depth[-1]
+  scale = {"update": _loop_factor(config)}
   out = {}
   for name, m1 in first.items():
     m2 = second[name]
-    flops = m1.flops + (layers - 1) * (m2.flops - m1.flops)
-    moved = m1.bytes_accessed + (layers - 1) * (
-      m2.bytes_accessed - m1.bytes_accessed
+    if m1.error or m2.error:  # refused for HBM: no cost to extrapolate
+      continue
+    k = scale.get(name, 1.0)
+    flops = k * (m1.flops + (layers - 1) * (m2.flops - m1.flops))
+    moved = k * (
+      m1.bytes_accessed + (layers - 1) * (m2.bytes_accessed - m1.bytes_accessed)
     )
     whole = dataclasses.replace(m1, flops=flops, bytes_accessed=moved)
     out[name] = Cost(flops, moved, whole.seconds(chip, per_chip))
@@ -197,7 +209,7 @@ def _iteration(config, costs, slots: int) -> tuple[dict, float]:
   parts = {
     "rollout": rollout,
     "score": costs.get("score", none).seconds,
-    "update": costs["update"].seconds * c.train.epochs,
+    "update": costs.get("update", none).seconds,
   }
   parts["total"] = sum(parts.values())
   tokens = rows * width / parts["total"] if parts["total"] else 0.0
@@ -249,14 +261,18 @@ class _Context:
 
   def plan(self, config, overrides=()) -> Plan:
     run, programs = self.memory(config)
-    costs = _costs(
-      config,
-      self.devices,
-      self.task,
-      self.policy_config,
-      self.slice.chip,
-      self.per_chip,
-    )
+    fits = max(p.peak_bytes for p in programs) <= self.hbm
+    # A run that does not fit gets no costs (nor their compiles).
+    costs = {}
+    if fits:
+      costs = _costs(
+        config,
+        self.devices,
+        self.task,
+        self.policy_config,
+        self.slice.chip,
+        self.per_chip,
+      )
     iteration, tokens = _iteration(config, costs, _engine_slots(config))
     return Plan(
       slice=self.slice,
@@ -284,9 +300,9 @@ def plan_run(config, topology: str, *, task=None) -> Plan:
 
 
 def _candidates(config, mesh: dict) -> list[tuple[str, ...]]:
-  """Override sets that lower per-device memory, nearest first: more fsdp
-  (from the data axis), more micro-batches, fewer decode slots, LoRA; then
-  the largest of the first two together, then with LoRA."""
+  """Override sets that lower per-device memory, nearest first: remat, more
+  fsdp (from the data axis), more micro-batches, fewer decode slots, LoRA;
+  then remat with the most fsdp and micro-batches, then with LoRA too."""
   d, f, t = mesh["data"], mesh["fsdp"], mesh["tensor"]
   fsdp = [
     (f"train.mesh=({d // k},{f * k},{t})",)
@@ -296,14 +312,13 @@ def _candidates(config, mesh: dict) -> list[tuple[str, ...]]:
   micro = config.train.microbatches
   micros = [(f"train.microbatches={micro * k}",) for k in (2, 4, 8)]
   slots = _engine_slots(config)
-  fewer = [
-    (f"sampler.slots={slots // k}",) for k in (2, 4) if slots % k == 0
-  ]
+  fewer = [(f"sampler.slots={slots // k}",) for k in (2, 4) if slots % k == 0]
   lora = () if config.model.lora_rank else ("model.lora_rank=16",)
-  out = [*fsdp, *micros, *fewer]
+  remat = () if config.model.remat else ("model.remat=True",)
+  out = [remat, *fsdp, *micros, *fewer]
   if lora:
     out.append(lora)
-  both = (fsdp[-1] if fsdp else ()) + (micros[-1] if micros else ())
+  both = remat + (fsdp[-1] if fsdp else ()) + (micros[-1] if micros else ())
   out += [both, both + lora] if lora else [both]
   return [c for c in out if c]
 
@@ -374,7 +389,11 @@ def table(plan: Plan) -> str:
       + f"{cost.flops / 1e12:>9.3f}{cost.bytes_accessed / 1e9:>10.2f}"
       + f"{cost.seconds * 1e3:>8.2f}ms  {'yes' if m.pallas else 'no'}"
     )
+    if m.error:
+      lines.append(f"  refused by the compiler: {m.error}")
   it = plan.iteration
+  if not plan.costs:
+    it = {"rollout": 0.0, "score": 0.0, "update": 0.0, "total": 0.0}
   lines += [
     f"parameters: {_gib(plan.parameter_bytes)} a device; peak"
     f" {_gib(plan.peak.peak_bytes)} in {plan.peak.name}:"

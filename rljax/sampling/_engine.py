@@ -448,7 +448,9 @@ class Engine(_Scheduler):
     pool_sharding = self._pool_sharding()
     if pool_sharding is not None:
       pool = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=pool_sharding),
+        lambda x: jax.ShapeDtypeStruct(
+          x.shape, x.dtype, sharding=pool_sharding
+        ),
         pool,
       )
     slots = [None] * self.settings.slots

@@ -8,14 +8,11 @@ allocating a weight: devices may be a TPU topology's
 each jitted program of an RL iteration with them.
 """
 
-import dataclasses
-import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from rljax import checkpoints
 from rljax import sampling
@@ -29,7 +26,6 @@ from rljax.training import _build
 from rljax.training import _trainer_batch
 from rljax.training import _trainer_rollouts
 from rljax.training import _trainer_setup
-from rljax.training import _warm_start
 from rljax.training._step import Models
 from rljax.training._step import PolicyState
 from rljax.training._step import Sequences
@@ -69,6 +65,7 @@ def model_config(spec, alphabet: str):
       dtype=spec.dtype,
       param_dtype=spec.param_dtype,
       scan_unroll=spec.scan_unroll,
+      remat=spec.remat,
     )
   model, _ = _build.build_policy(spec, alphabet, 0)
   return model.config
@@ -152,7 +149,11 @@ def abstract_state(config, mesh, models, algorithm, needs, policy, critic):
 def _raw_batch(config, mesh, num_rewards: int) -> Batch:
   """The abstract batch a rollout becomes (`_trainer_batch.raw_batch`)."""
   c = config
-  p, g, t = c.train.prompts_per_step, c.sampler.num_samples, c.sampler.max_new_tokens
+  p, g, t = (
+    c.train.prompts_per_step,
+    c.sampler.num_samples,
+    c.sampler.max_new_tokens,
+  )
   return Batch(
     mask_PGT=_rows((p, g, t), jnp.float32, mesh),
     rewards_PG=_rows((p, g), jnp.float32, mesh),
@@ -251,7 +252,11 @@ def lowered_programs(run: AbstractRun) -> dict[str, Any]:
   c = run.config
   out = {}
   score = _trainer_batch.score_fn(
-    c, run.models, run.needs, None, run.algorithm.rescores,
+    c,
+    run.models,
+    run.needs,
+    None,
+    run.algorithm.rescores,
     c.sampler.temperature,
     run.mesh,
   )

@@ -62,6 +62,7 @@ def _scratch_config(spec: ModelSpec, vocab_size: int) -> ModelConfig:
     dtype=spec.dtype,
     param_dtype=spec.param_dtype,
     scan_unroll=spec.scan_unroll,
+    remat=spec.remat,
   )
 
 
@@ -99,7 +100,10 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
     config = _scratch_config(spec, tokenizer.vocab_size)
     return init_model(Transformer, config, seed), tokenizer
   overrides = dict(
-    dtype=spec.dtype, param_dtype=spec.param_dtype, scan_unroll=spec.scan_unroll
+    dtype=spec.dtype,
+    param_dtype=spec.param_dtype,
+    scan_unroll=spec.scan_unroll,
+    remat=spec.remat,
   )
   if source == "smollm2" or source.startswith("gguf:"):
     path = _smollm2_path() if source == "smollm2" else source[5:]

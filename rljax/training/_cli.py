@@ -192,7 +192,9 @@ def _plan(config, topology: str) -> int:
   directory.mkdir(parents=True, exist_ok=True)
   record = found.to_json()
   if not found.fits:
-    print("searching for the nearest configuration that fits...", file=sys.stderr)
+    print(
+      "searching for the nearest configuration that fits...", file=sys.stderr
+    )
     fitted = plan.search(config, topology)
     record["suggestion"] = None if fitted is None else list(fitted[0])
     (directory / "plan.json").write_text(json.dumps(record, indent=2))

