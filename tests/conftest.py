@@ -30,8 +30,14 @@ def pytest_configure(config):
   default.
   """
   flags = "--xla_force_host_platform_device_count=8"
-  if "not slow" in (config.option.markexpr or ""):
+  markexpr = config.option.markexpr or ""
+  if "not slow" in markexpr:
     flags += f" {FAST_COMPILE}"
+  elif "slow" in markexpr and hasattr(config.option, "maxschedchunk"):
+    # The slow set's longest tests run first (`pytest_collection_modify
+    # items`) and xdist hands each worker one test at a time: longest first
+    # onto whichever worker is free, so the workers finish together.
+    config.option.maxschedchunk = config.option.maxschedchunk or 1
   os.environ.setdefault("XLA_FLAGS", flags)
 
 
@@ -65,8 +71,33 @@ SLOW_CASES = {
 }
 
 
+# The slow set's longest tests (minutes each on 2 cores), longest first: they
+# start first (see `pytest_configure`).
+LONGEST_FIRST = (
+  "tests/envs/tools_env_test.py::test_agent_demo_beats_its_no_tool_baseline",
+  "tests/training/config_test.py::test_every_config_dry_runs_on_a_fresh_clone",
+  "tests/training/reliability_test.py::test_twenty_kills",
+  "notebooks/new_environment.ipynb",
+  "tests/training/lora_test.py::test_grpo_lora_config_runs_two_iterations",
+  "tests/training/demo_test.py",
+  "tests/training/lora_test.py::test_lora_on_the_demo_model",
+  "tests/posttrain/demo_test.py",
+  "notebooks/prototype_objective.ipynb",
+  "tests/readme_test.py::test_readme_model_example_runs",
+  "notebooks/quickstart.ipynb",
+)
+
+
+def _rank(item) -> int:
+  for i, prefix in enumerate(LONGEST_FIRST):
+    if item.nodeid.startswith(prefix):
+      return i
+  return len(LONGEST_FIRST)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
   for item in items:
     if item.nodeid in SLOW_CASES:
       item.add_marker(pytest.mark.slow)
+  items.sort(key=_rank)  # stable: the rest keep their order

@@ -230,9 +230,10 @@ def test_a_missing_input_names_the_command_that_makes_it(
   assert error.endswith(f"'elsewhere.jsonl' does not exist (from {tmp_path}).")
 
 
-def _fresh_clone_cli(cwd, *args, timeout=1200):
-  """``python -m rljax.training`` in `cwd` on one CPU device, as a user runs
-  it; `cwd` holds links to configs/ and experiments/ and no runs/."""
+def _fresh_clone_cli(cwd, *args, timeout=1200, stdin=None):
+  """``python <args>`` (``-m rljax.training ...``) in `cwd` on one CPU
+  device, as a user runs it; `cwd` holds links to configs/ and experiments/
+  and no runs/."""
   for name in ("configs", "experiments"):
     if not (cwd / name).exists():
       (cwd / name).symlink_to(ROOT / name)
@@ -243,6 +244,7 @@ def _fresh_clone_cli(cwd, *args, timeout=1200):
     [sys.executable, *args],
     cwd=cwd,
     env=env,
+    input=stdin,
     capture_output=True,
     text=True,
     timeout=timeout,
@@ -267,28 +269,64 @@ DRY_RUN_OVERRIDES = {
 }
 
 
-@pytest.mark.slow  # each compiles its run: ~15-60 s a config
-@pytest.mark.parametrize("name", PRESET_CONFIGS)
-def test_every_config_dry_runs_on_a_fresh_clone(tmp_path, name):
-  """It runs (--dry_run), or stops with one error line that names a command
-  that exists and makes what it lacks."""
-  proc = _fresh_clone_cli(
-    tmp_path,
-    "-m",
-    "rljax.training",
+# One process dry-runs a shard of the configs in turn (`_cli.main` for
+# each, its output captured): one import of JAX and rljax a shard, and the
+# programs configs share (the demo model's) compiled once; four shards keep
+# both test workers busy.
+DRY_RUN_SHARDS = 4
+_DRY_RUNS = """
+import contextlib, gc, io, json, sys
+from rljax.training import _cli
+
+for line in sys.stdin:
+  args = json.loads(line)
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      code = _cli.main(args)
+    except BaseException as e:  # a crash is reported, not fatal to the rest
+      import traceback
+      traceback.print_exc(file=err)
+      code = 1
+  gc.collect()
+  print(json.dumps([code, out.getvalue(), err.getvalue()]), flush=True)
+"""
+
+
+def _dry_run_args(name, out):
+  return [
     "--config",
     f"configs/{name}.py",
     "--dry_run",
-    f"output.directory={tmp_path / 'out'}",
+    f"output.directory={out}",
     *DRY_RUN_OVERRIDES.get(name, ()),
+  ]
+
+
+@pytest.mark.slow  # each config compiles its run: ~5-60 s a config
+@pytest.mark.parametrize("shard", range(DRY_RUN_SHARDS))
+def test_every_config_dry_runs_on_a_fresh_clone(tmp_path, shard):
+  """Each config runs (--dry_run), or stops with one error line that names
+  a command that exists and makes what it lacks."""
+  names = PRESET_CONFIGS[shard::DRY_RUN_SHARDS]
+  lines = "".join(
+    json.dumps(_dry_run_args(name, tmp_path / name)) + "\n" for name in names
   )
-  if proc.returncode == 0:
-    assert "step_seconds_with_compile" in proc.stdout, proc.stdout[-2000:]
+  proc = _fresh_clone_cli(tmp_path, "-c", _DRY_RUNS, stdin=lines)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = [json.loads(line) for line in proc.stdout.splitlines()]
+  assert len(results) == len(names), proc.stderr[-3000:]
+  for name, (code, stdout, stderr) in zip(names, results):
+    _check_dry_run(name, code, stdout, stderr)
+
+
+def _check_dry_run(name, code, stdout, stderr):
+  if code == 0:
+    assert "step_seconds_with_compile" in stdout, (name, stdout[-2000:])
     return
-  assert proc.returncode == 2, proc.stderr[-3000:]
-  lines = proc.stderr.splitlines()
-  errors = [line for line in lines if line.startswith("error: ")]
-  assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert code == 2, (name, stderr[-3000:])
+  errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and "Traceback" not in stderr, (name, stderr)
   path, command = re.fullmatch(
     r"error: \S+: '(\S+)' does not exist .*; make it first, from the"
     r" repository root: (.+)",

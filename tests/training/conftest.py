@@ -1,7 +1,9 @@
 """Fixtures shared by the training tests."""
 
+import json
 import pathlib
 
+import filelock
 import pytest
 
 from rljax.training import Trainer
@@ -39,7 +41,14 @@ def train_demo():
 
 @pytest.fixture(scope="session")
 def grpo_demo(tmp_path_factory, train_demo):
-  """(directory, summary) of the README's demo, trained once per test
-  process for the tests that compare with it."""
-  directory = tmp_path_factory.mktemp("grpo_demo")
-  return directory, train_demo(directory)
+  """(directory, summary) of the README's demo, trained once per test run
+  for the tests that compare with it: the first test process to need it
+  trains it, under a lock, and the others read its summary."""
+  shared = tmp_path_factory.getbasetemp().parent  # one per run (xdist too)
+  directory = shared / "grpo_demo"
+  record = directory / "summary.json"
+  with filelock.FileLock(str(shared / "grpo_demo.lock")):
+    if not record.exists():
+      summary = train_demo(directory)
+      record.write_text(json.dumps(summary, default=str))
+  return directory, json.loads(record.read_text())
