@@ -403,16 +403,30 @@ class Engine(_Scheduler):
     key = (name, graphdef, variant)
     if key not in self._programs:
       rep = None
+      ins = {}
       if self.mesh is not None:
         rep = jax.sharding.NamedSharding(
           self.mesh, jax.sharding.PartitionSpec()
         )
+        ins = {"in_shardings": self._row_shardings(name, rep)}
       pool = self._pool_sharding()
       outs = {"segment": (pool, pool, rep), "extend": (pool, pool)}[name]
       self._programs[key] = jax.jit(
-        make(), donate_argnums=(1, 2), out_shardings=outs
+        make(), donate_argnums=(1, 2), out_shardings=outs, **ins
       )
     return self._programs[key]
+
+  def _row_shardings(self, name, rep):
+    """A program's inputs on the mesh: the weights as they are, the pool by
+    shard, the rows' inputs split over the batch axes like the pool's
+    shards (each shard's rows are a block), the rest replicated; rows
+    given as host arrays would otherwise reach every device whole."""
+    rows = functools.partial(sharding_lib.batch_sharding, self.mesh)
+    pool = self._pool_sharding()
+    if name == "extend":  # state, k, v, pages, cached, tokens, mask
+      return (None, pool, pool, rows(2), rows(1), rows(2), rows(2))
+    # state, k, v, pages, rows, keys, stop ids, top_p, refill
+    return (None, pool, pool, rows(2), rows(1), rows(2), rep, rep, rep)
 
   def _pool_sharding(self):
     if self.mesh is None:
