@@ -56,9 +56,9 @@ def run_task(config):
 
 
 def model_config(spec, alphabet: str):
-  """The policy's `ModelConfig` from ``config.model`` without weights:
-  scratch sizes, a published shape (``shape:<name>``), or the config of a
-  checkpoint (read, not loaded)."""
+  """The policy's `ModelConfig` from ``config.model``: scratch sizes or a
+  published shape (``shape:<name>``) without weights; a checkpoint's is
+  read from the model it loads (once, on the host)."""
   if spec.source.startswith(SHAPE_PREFIX):
     return checkpoints.shape_config(
       spec.source[len(SHAPE_PREFIX) :],
@@ -112,7 +112,7 @@ def _rows(shape, dtype, mesh):
   )
 
 
-def abstract_state(config, mesh, models, algorithm, needs, policy, critic):
+def abstract_state(mesh, models, algorithm, needs, policy, critic):
   """The abstract `TrainState` `_build.init_state` would place on `mesh`."""
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   params = _placed(policy, mesh)
@@ -194,6 +194,13 @@ def abstract_run(config, devices, *, task, policy_config) -> AbstractRun:
   needs = {
     f: _build.needs_field(algorithm, f) for f in _trainer_setup.NEEDED_FIELDS
   }
+  if needs["teacher_logp_PGT"] or "teacher" in (
+    _trainer_setup.rescored_models(algorithm)
+  ):
+    raise UserError(
+      f"algorithm {c.algorithm.name!r} reads a teacher's log-probs; a plan"
+      " does not compile the teacher's pass yet: plan the run without it."
+    )
   critic = (
     nnx.eval_shape(lambda: ValueModel(policy_config, rngs=nnx.Rngs(0)))
     if needs["old_values_PGT"]
@@ -206,7 +213,7 @@ def abstract_run(config, devices, *, task, policy_config) -> AbstractRun:
     optimizer=opt,
     value_optimizer=None if critic is None else opt,
   )
-  state = abstract_state(c, mesh, models, algorithm, needs, policy, critic)
+  state = abstract_state(mesh, models, algorithm, needs, policy, critic)
   p, g = c.train.prompts_per_step, c.sampler.num_samples
   width = c.task.max_prompt_tokens + c.sampler.max_new_tokens
   seqs = Sequences(
@@ -248,7 +255,8 @@ def abstract_run(config, devices, *, task, policy_config) -> AbstractRun:
 
 def lowered_programs(run: AbstractRun) -> dict[str, Any]:
   """{name: `jax.stages.Lowered`} of the programs an RL iteration runs: the
-  scoring pass and the update (and the warm start's step)."""
+  scoring pass, the update and (with the continuous engine) the rollout
+  engine's prefill and decode segment."""
   c = run.config
   out = {}
   score = _trainer_batch.score_fn(
