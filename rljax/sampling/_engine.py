@@ -408,7 +408,10 @@ class Engine(_Scheduler):
         rep = jax.sharding.NamedSharding(
           self.mesh, jax.sharding.PartitionSpec()
         )
-        ins = {"in_shardings": self._row_shardings(name, rep)}
+        # Several processes pass the same host arrays, which jit takes only
+        # whole (replicated): their rows are not split yet.
+        if jax.process_count() == 1:
+          ins = {"in_shardings": self._row_shardings(name, rep)}
       pool = self._pool_sharding()
       outs = {"segment": (pool, pool, rep), "extend": (pool, pool)}[name]
       self._programs[key] = jax.jit(
