@@ -242,7 +242,13 @@ def test_train_commands_on_the_page_parse(argv):
   from rljax.training import _cli
 
   args = _cli._parser().parse_args(argv[3:])
-  if args.num_processes:  # the one-machine rehearsal: 1 CPU device each
+  if args.plan:  # a plan runs on any one machine, for the slice it names
+    from rljax import plan
+
+    chips = plan.parse_slice(args.plan).chips
+    config = _check_train(argv[3:], devices=chips)
+    assert _cli.validate(config).model.source.startswith("shape:")
+  elif args.num_processes:  # the one-machine rehearsal: 1 CPU device each
     assert args.coordinator_address and args.process_id is not None
     config = _check_train(
       argv[3:], devices=args.num_processes, processes=args.num_processes
