@@ -255,9 +255,21 @@ class _Context:
       config.model, self.task.alphabet
     )
 
+  def policy(self, config):
+    """The policy's `ModelConfig` under `config`'s model settings (a
+    candidate may turn remat on or change dtypes)."""
+    m = config.model
+    return dataclasses.replace(
+      self.policy_config,
+      remat=m.remat,
+      dtype=m.dtype,
+      param_dtype=m.param_dtype,
+      scan_unroll=m.scan_unroll,
+    )
+
   def memory(self, config):
     """(abstract run, measured programs) of `config` at full depth."""
-    return _measured(config, self.devices, self.task, self.policy_config)
+    return _measured(config, self.devices, self.task, self.policy(config))
 
   def plan(self, config, overrides=()) -> Plan:
     run, programs = self.memory(config)
@@ -269,7 +281,7 @@ class _Context:
         config,
         self.devices,
         self.task,
-        self.policy_config,
+        self.policy(config),
         self.slice.chip,
         self.per_chip,
       )

@@ -155,3 +155,14 @@ def test_the_cli_prints_the_plan_and_writes_plan_json(tmp_path):
   assert "update" in proc.stdout and "fits" in proc.stdout
   record = json.loads((tmp_path / "plan.json").read_text())
   assert record["fits"] and record["slice"] == "v5e:2x2"
+
+
+def test_a_candidates_model_settings_reach_the_policy():
+  # The search's "model.remat=True" must compile a rematerialised policy,
+  # not the first config's.
+  context = _plan._Context(_demo(), "v5e:2x2")
+  assert not context.policy(_demo()).remat
+  assert context.policy(_demo("model.remat=True")).remat
+  candidates = _plan._candidates(_demo(), {"data": 1, "fsdp": 2, "tensor": 2})
+  assert candidates[0] == ("model.remat=True",)
+  assert ("train.microbatches=2",) in candidates
