@@ -271,8 +271,9 @@ class _Context:
     """(abstract run, measured programs) of `config` at full depth."""
     return _measured(config, self.devices, self.task, self.policy(config))
 
-  def plan(self, config, overrides=()) -> Plan:
-    run, programs = self.memory(config)
+  def plan(self, config, overrides=(), *, measured=None) -> Plan:
+    """The `Plan` of `config`; `measured` is its `memory` when known."""
+    run, programs = measured or self.memory(config)
     fits = max(p.peak_bytes for p in programs) <= self.hbm
     # A run that does not fit gets no costs (nor their compiles).
     costs = {}
@@ -338,31 +339,21 @@ def _candidates(config, mesh: dict) -> list[tuple[str, ...]]:
 def search(config, topology: str, *, task=None, limit: int = 12):
   """The first of `_candidates` (at most `limit` compiled) whose peak fits
   the slice's HBM, as (overrides, `Plan`); None when none does."""
+  from rljax import sharding
   from rljax.training import override
   from rljax.training._validate import validate
 
   context = _Context(config, topology, task)
-  _, programs = context.memory(config)
-  mesh = dict(
-    zip(
-      ("data", "fsdp", "tensor"),
-      _resolved_mesh(config.train.mesh, len(context.devices)),
-    )
-  )
-  for items in _candidates(config, mesh)[:limit]:
+  mesh = sharding.make_mesh(*config.train.mesh, devices=context.devices)
+  for items in _candidates(config, dict(mesh.shape))[:limit]:
     try:
       candidate = validate(override(config, list(items)))
-      _, measured = context.memory(candidate)
+      measured = context.memory(candidate)
     except (UserError, ValueError):
       continue  # not a valid run here (a batch the mesh cannot split)
-    if max(m.peak_bytes for m in measured) <= context.hbm:
-      return items, context.plan(candidate, items)
+    if max(m.peak_bytes for m in measured[1]) <= context.hbm:
+      return items, context.plan(candidate, items, measured=measured)
   return None
-
-
-def _resolved_mesh(sizes, devices: int) -> tuple[int, int, int]:
-  known = math.prod(s for s in sizes if s != -1)
-  return tuple(devices // known if s == -1 else s for s in sizes)
 
 
 def _gib(n: float) -> str:

@@ -191,15 +191,16 @@ def _plan(config, topology: str) -> int:
   directory = pathlib.Path(config.output.directory)
   directory.mkdir(parents=True, exist_ok=True)
   record = found.to_json()
+  fitted = None
   if not found.fits:
     print(
       "searching for the nearest configuration that fits...", file=sys.stderr
     )
     fitted = plan.search(config, topology)
     record["suggestion"] = None if fitted is None else list(fitted[0])
-    (directory / "plan.json").write_text(json.dumps(record, indent=2))
-    raise UserError(plan.over_message(found, fitted))
   (directory / "plan.json").write_text(json.dumps(record, indent=2))
+  if not found.fits:
+    raise UserError(plan.over_message(found, fitted))
   print(f"plan: {directory / 'plan.json'}")
   return 0
 

@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from rljax import checkpointing
+from rljax._src.errors import UserError
 from rljax.tokenizers import Tokenizer
 from rljax.training._step import Sequences
 from rljax.training._step import completion_logprobs
@@ -129,7 +130,7 @@ def _cached(directory: str, key: str, params, train):
   """(params, losses) from the cache, or from `train()` then written to it
   (a failed write is logged and the run goes on)."""
   if jax.process_count() > 1:
-    raise ValueError(
+    raise UserError(
       "train.warm_start_cache is for single-process runs (each process would"
       " write the same entry); leave it empty in a multi-host run."
     )
