@@ -174,6 +174,10 @@ def test_grpo_lora_config_runs_two_iterations(tmp_path):
       "train.steps=2",
       "train.eval_prompts=4",
       "train.mesh=(1, 1, 1)",
+      # The state's bytes do not depend on the batch: a small one.
+      "train.prompts_per_step=2",
+      "sampler.num_samples=2",
+      "train.microbatches=1",
       "output.tensorboard=False",
       "output.plot=False",
     ],

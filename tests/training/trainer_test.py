@@ -17,7 +17,7 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 # The preset configs on the arithmetic task (smollm2_grpo loads a real model).
 # The SmolLM2 configs load a real model (their own tests, slow).
 # The post-training configs that start from another run's model, and OPD
-# (SmolLM2 teacher and student), run in tests/posttrain/configs_test.py.
+# and GKD (SmolLM2 teachers), run in tests/posttrain/configs_test.py.
 PRESETS = sorted(
   p.stem
   for p in CONFIGS.glob("[!_]*.py")
@@ -30,6 +30,7 @@ PRESETS = sorted(
     "dpo",
     "online_dpo",
     "opd",
+    "gkd",
   )
 )
 
