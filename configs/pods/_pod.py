@@ -21,15 +21,16 @@ from rljax.training import TrainSpec
 def pod_grpo(
   shape: str,
   *,
-  mesh: tuple,
+  mesh: tuple = (1, -1, 1),
   prompts: int,
   samples: int = 8,
   microbatches: int = 1,
   slots: int | None = None,
   lora_rank: int = 0,
 ) -> RunConfig:
-  """GRPO on `shape` over a (data, fsdp, tensor) `mesh`, `prompts` x
-  `samples` sequences a step in `microbatches` gradient micro-batches."""
+  """GRPO on `shape` over a (data, fsdp, tensor) `mesh` (default: fsdp
+  over every chip of the slice), `prompts` x `samples` sequences a step in
+  `microbatches` gradient micro-batches; `lora_rank` > 0 trains adapters."""
   return RunConfig(
     model=ModelSpec(
       source=f"shape:{shape}",
