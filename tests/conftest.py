@@ -68,6 +68,7 @@ SLOW_CASES = {
   "tests/training/step_test.py::test_microbatches_give_the_whole_minibatch_gradient[ppo]",
   "tests/posttrain/runs_test.py::test_cli_dry_runs_each_kind[distill]",
   "tests/posttrain/runs_test.py::test_cli_dry_runs_each_kind[preference]",
+  "tests/plan/plan_test.py::test_each_programs_bytes_are_its_compiled_memory_analysis[update]",
 }
 
 

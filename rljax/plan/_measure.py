@@ -7,6 +7,7 @@ import re
 import time
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 from rljax.plan._chips import Chip
 
@@ -62,13 +63,18 @@ def _cost(compiled) -> dict:
 @contextlib.contextmanager
 def _no_persistent_cache():
   """JAX's persistent compilation cache off: a program compiled for
-  devices that are not attached (a TPU topology) cannot be loaded back."""
+  devices that are not attached (a TPU topology) cannot be loaded back.
+  JAX decides once a process whether it uses the cache, so the flag alone
+  does not turn it off: the cache is reset on the way in and out, and
+  initialises again, as configured, at the next compile."""
   enabled = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   try:
     yield
   finally:
     jax.config.update("jax_enable_compilation_cache", enabled)
+    compilation_cache.reset_cache()
 
 
 _SIZE = re.compile(r"([\d.]+)([KMGT])\b")

@@ -170,12 +170,14 @@ def _costs(config, devices, task, policy_config, chip, per_chip):
   layers (see the module docstring); the update's loops counted in full
   (`_loop_factor`), the decode segment's as one decode step."""
   layers = policy_config.num_layers
+  # Up to two layers, the whole stack unrolled is one compile, exact.
+  depths = (1, 2) if layers > 2 else (layers,)
   by_depth = [
     {
       m.name: m
       for m in _measured(config, devices, task, _layers(policy_config, n))[1]
     }
-    for n in sorted({1, min(2, layers)})
+    for n in depths
   ]
   first, second = by_depth[0], by_depth[-1]
   scale = {"update": _loop_factor(config)}

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import pallas_kernels as pk
+from rljax.plan import _measure
 
 pytest.importorskip(
   "libtpu",
@@ -21,11 +22,10 @@ pytest.importorskip(
 @pytest.fixture(autouse=True)
 def _no_persistent_cache():
   """Programs compiled for a topology cannot be loaded back without a TPU
-  client; keep them out of the test run's compilation cache."""
-  enabled = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  yield
-  jax.config.update("jax_enable_compilation_cache", enabled)
+  client; keep them out of the test run's compilation cache (as the plans
+  do: the flag, and a reset, since JAX decides once whether to use it)."""
+  with _measure._no_persistent_cache():
+    yield
 
 
 # (tokens, width, vocabulary): tile multiples (512 x 2048) and not.

@@ -1,6 +1,7 @@
 """Run plans compiled for a TPU slice from this CPU host (`rljax.plan`;
 needs libtpu, the ``tpu`` extra)."""
 
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -10,6 +11,9 @@ import pytest
 
 from rljax import plan
 from rljax.plan import _plan
+from rljax.plan._chips import parse_slice
+from rljax.plan._measure import Measured
+from rljax.training import _cli as _cli_main
 from rljax.training import load_config
 from rljax.training import override
 
@@ -27,20 +31,26 @@ def _demo(*extra):
   return override(load_config(CONFIGS / "grpo.py"), [*DEMO, *extra])
 
 
+# The demo's programs; the update's compile (three Mosaic kernels) is the
+# long one, and its bytes are checked in the slow set (tests/conftest.py).
+PROGRAMS = ["score", "update", "prefill", "decode_segment"]
+
+
 @pytest.fixture(scope="module")
 def demo_plan():
   return plan.plan_run(_demo(), "v5e:2x2")
 
 
-def test_each_programs_bytes_are_its_compiled_memory_analysis(demo_plan):
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_each_programs_bytes_are_its_compiled_memory_analysis(demo_plan, name):
   config = _demo()
   context = _plan._Context(config, "v5e:2x2")
   _, lowered = _plan._lowered(
     config, context.devices, context.task, context.policy_config
   )
-  assert [p.name for p in demo_plan.programs] == list(lowered)
+  assert [p.name for p in demo_plan.programs] == list(lowered) == PROGRAMS
   with _plan_no_cache():
-    for program in demo_plan.programs:
+    for program in [p for p in demo_plan.programs if p.name == name]:
       m = lowered[program.name].compile().memory_analysis()
       assert (
         program.argument_bytes,
@@ -90,10 +100,53 @@ def test_the_update_uses_the_pallas_tpu_kernel(demo_plan):
   assert "roofline" in plan.table(demo_plan)
 
 
-def test_costs_extrapolate_the_layers_linearly(demo_plan):
-  # With the per-layer cost c2 - c1 and the rest c1 - (c2 - c1), a model of
-  # L layers costs c1 + (L - 1)(c2 - c1): for the 2-layer demo (one
-  # micro-batch, one optimizer step), exactly the 2-layer compile's cost.
+@dataclasses.dataclass(frozen=True)
+class _Stack:  # what `_plan._layers` reads of a model config
+  num_layers: int
+  scan_unroll: int = 1
+  layer_types: tuple | None = None
+
+
+def _measured_at(name, flops, moved):
+  return Measured(name, 0, 0, 0, 0, 0, 0, flops, moved, False, 0.0)
+
+
+def test_costs_extrapolate_the_layers_linearly(monkeypatch):
+  # Hand-worked: at 1 layer a program costs 10 FLOPs and moves 100 bytes,
+  # at 2 layers 13 and 140; a layer is then 3 and 40, the rest 7 and 60, so
+  # 5 layers cost 7 + 5 x 3 = 22 FLOPs and move 60 + 5 x 40 = 260 bytes.
+  # The update (4 micro-batches, one optimizer step: the first micro-batch
+  # outside the scan, the body counted once, so 2 counted of 4) is twice
+  # that. A 2-layer model is one compile of its whole stack, exact.
+  depths = []
+
+  def fake(config, devices, task, stack):
+    depths.append(stack.num_layers)
+    assert stack.scan_unroll == stack.num_layers  # unrolled: all counted
+    n = stack.num_layers
+    return None, [
+      _measured_at(name, 7 + 3 * n, 60 + 40 * n) for name in ("score", "update")
+    ]
+
+  monkeypatch.setattr(_plan, "_measured", fake)
+  chip = parse_slice("v5e:2x2").chip
+  config = _demo("train.microbatches=4")
+  costs = _plan._costs(config, None, None, _Stack(5), chip, 1)
+  assert depths == [1, 2]
+  assert (costs["score"].flops, costs["score"].bytes_accessed) == (22, 260)
+  assert (costs["update"].flops, costs["update"].bytes_accessed) == (44, 520)
+  assert costs["score"].seconds == max(
+    22 / chip.peak_flops, 260 / chip.hbm_bandwidth
+  )
+  depths.clear()
+  costs = _plan._costs(config, None, None, _Stack(2), chip, 1)
+  assert depths == [2] and costs["score"].flops == 13
+
+
+@pytest.mark.slow  # two compiles of the demo's programs for a TPU
+def test_the_demos_costs_are_its_unrolled_compiles(demo_plan):
+  # The 2-layer demo (one micro-batch, one optimizer step) costs exactly
+  # what its 2-layer unrolled compile's cost analysis says.
   config = _demo()
   context = _plan._Context(config, "v5e:2x2")
   _, measured = _plan._measured(
@@ -147,6 +200,7 @@ def test_a_mesh_that_does_not_divide_the_kv_heads_is_one_line(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # the demo's plan again, in a fresh process
 def test_the_cli_prints_the_plan_and_writes_plan_json(tmp_path):
   proc = _cli(
     tmp_path, "--config", "configs/grpo.py", "--plan", "v5e:2x2", *DEMO
@@ -155,6 +209,29 @@ def test_the_cli_prints_the_plan_and_writes_plan_json(tmp_path):
   assert "update" in proc.stdout and "fits" in proc.stdout
   record = json.loads((tmp_path / "plan.json").read_text())
   assert record["fits"] and record["slice"] == "v5e:2x2"
+
+
+def test_the_cli_prints_the_table_and_writes_plan_json(
+  demo_plan, tmp_path, monkeypatch, capsys
+):
+  # The command's own path, given the module's plan (not made again).
+  monkeypatch.setattr(plan, "plan_run", lambda config, topology: demo_plan)
+  code = _cli_main.main(
+    [
+      "--config",
+      str(CONFIGS / "grpo.py"),
+      "--plan",
+      "v5e:2x2",
+      *DEMO,
+      f"output.directory={tmp_path}",
+    ]
+  )
+  assert code == 0
+  out = capsys.readouterr().out
+  assert out.startswith(plan.table(demo_plan))
+  assert json.loads((tmp_path / "plan.json").read_text()) == json.loads(
+    json.dumps(demo_plan.to_json())
+  )
 
 
 def test_a_candidates_model_settings_reach_the_policy():
