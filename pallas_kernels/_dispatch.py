@@ -82,13 +82,18 @@ _TARGET = contextvars.ContextVar("pallas_kernels_target", default=None)
 PLATFORMS = ("cpu", "gpu", "tpu")
 
 
+_KIND = contextvars.ContextVar("pallas_kernels_device_kind", default=None)
+
+
 @contextlib.contextmanager
-def compile_for(platform: str):
+def compile_for(platform: str, device_kind: str | None = None):
   """Within this context, choose schedules for `platform` ("tpu", "gpu" or
   "cpu") instead of the default backend's: for code traced and compiled
   ahead of time for other devices, e.g. lowered for a TPU topology
   (`jax.experimental.topologies`) on a CPU host, whose programs must hold
-  the Pallas TPU kernel that the TPU will run.
+  the Pallas TPU kernel that the TPU will run. `device_kind` (a
+  `jax.Device.device_kind`, "TPU v5 lite") sizes the TPU kernels' blocks to
+  that chip's VMEM.
 
   Raises:
     ValueError: `platform` is not one of `PLATFORMS`.
@@ -97,11 +102,21 @@ def compile_for(platform: str):
     raise ValueError(
       f"platform must be one of {list(PLATFORMS)}; got {platform!r}."
     )
-  token = _TARGET.set(platform)
+  token, kind = _TARGET.set(platform), _KIND.set(device_kind)
   try:
     yield
   finally:
+    _KIND.reset(kind)
     _TARGET.reset(token)
+
+
+def target_device_kind() -> str | None:
+  """The device kind kernels are compiled for: `compile_for`'s, else the
+  default backend's first device's when that backend is the target."""
+  kind = _KIND.get()
+  if kind is None and _TARGET.get() in (None, jax.default_backend()):
+    kind = jax.devices()[0].device_kind
+  return kind
 
 
 def _backend() -> str:

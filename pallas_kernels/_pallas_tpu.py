@@ -41,6 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
 
+from pallas_kernels import _dispatch
 from pallas_kernels._contract import Stats
 
 F32 = jnp.float32
@@ -74,16 +75,53 @@ def _block(size: int, block: int) -> tuple[int, int]:
   return b, pl.cdiv(size, b)
 
 
-def _vmem_limit(bn: int, bv: int, d: int, itemsize: int) -> int:
-  """Scoped VMEM to request: double-buffered blocks, f32 tiles, accumulators."""
+# VMEM a TensorCore has, by `jax.Device.device_kind`: what Mosaic (libtpu
+# 0.0.42) reports when a kernel's scoped allocations exceed it ("would
+# exceed memory (size=...)", compiled for each topology from a CPU host).
+VMEM_BYTES = {
+  "TPU v4": 16 * _MIB,
+  "TPU v5 lite": 128 * _MIB,  # v5e
+  "TPU v5": 64 * _MIB,  # v5p
+  "TPU v6 lite": 128 * _MIB,  # v6e
+}
+_UNKNOWN_VMEM = 64 * _MIB  # another TPU: the smallest of the v5 and v6 chips
+
+
+def vmem_bytes() -> int:
+  """VMEM of the chip the kernels are compiled for: `compile_for`'s device
+  kind, else the attached TPU's."""
+  return VMEM_BYTES.get(_dispatch.target_device_kind(), _UNKNOWN_VMEM)
+
+
+def _vmem_need(bn: int, bv: int, d: int, itemsize: int) -> int:
+  """Bytes of VMEM a kernel's blocks take: double-buffered inputs, float32
+  tiles, accumulators, and 4 MiB for Mosaic's own (an overestimate: v5p's
+  compile of 100 MiB of it used 66)."""
   blocks = 2 * (bn * d + d * bv) * itemsize
   tiles = 6 * bn * bv * 4  # z, p, dz and their masked / cast copies
   accumulators = max(bn, bv) * d * 4
-  need = blocks + tiles + accumulators + 4 * _MIB
-  # The default blocks outgrow the 16-32 MiB default scoped limit. The chip's
-  # VMEM (tens of MiB per core) still bounds this: large D needs smaller
-  # blocks (tokamax splits D into blocks of 512 instead).
-  return max(32 * _MIB, math.ceil(need / _MIB) * _MIB)
+  return blocks + tiles + accumulators + 4 * _MIB
+
+
+def _fit(n: int, v: int, d: int, itemsize: int, block_n: int, block_v: int):
+  """(bn, row blocks, bv, vocab blocks, VMEM to request): the requested
+  blocks, halved (the larger first, kept multiples of (8, 128)) until they
+  need at most 3/4 of the target chip's VMEM (`vmem_bytes`):
+  the default 512 x 2048 blocks of a width-4096 model need 100 MiB, more
+  than a v5p's 64."""
+  capacity = vmem_bytes()
+  bn, bv = min(n, block_n), min(v, block_v)
+  while _vmem_need(bn, bv, d, itemsize) > capacity * 3 // 4:
+    if bv > _LANE and (bv >= bn or bn <= _SUBLANE):
+      bv = max(_LANE, bv // 2 // _LANE * _LANE)
+    elif bn > _SUBLANE:
+      bn = max(_SUBLANE, bn // 2 // _SUBLANE * _SUBLANE)
+    else:  # the smallest blocks: Mosaic says what does not fit
+      break
+  need = _vmem_need(bn, bv, d, itemsize)
+  # Above the 16-32 MiB default scoped limit when the blocks need it.
+  vmem = min(capacity, max(32 * _MIB, math.ceil(need / _MIB) * _MIB))
+  return (*_block(n, bn), *_block(v, bv), vmem)
 
 
 def _cols(j, bn: int, bv: int):
@@ -175,8 +213,8 @@ def forward(
   _check(hidden_ND, unembed_DV, targets_N, block_n, block_v)
   (n, d), v = hidden_ND.shape, unembed_DV.shape[1]
   dtype = jnp.result_type(hidden_ND, unembed_DV)
-  bn, nn = _block(n, block_n)
-  bv, nv = _block(v, block_v)
+  itemsize = jnp.dtype(dtype).itemsize
+  bn, nn, bv, nv, vmem = _fit(n, v, d, itemsize, block_n, block_v)
   col = jax.ShapeDtypeStruct((n, 1), F32)
   out = pl.pallas_call(
     functools.partial(_fwd_kernel, v=v),
@@ -194,7 +232,7 @@ def forward(
     out_shape=[col] * 3,
     compiler_params=pltpu.CompilerParams(
       dimension_semantics=("parallel", "arbitrary"),
-      vmem_limit_bytes=_vmem_limit(bn, bv, d, jnp.dtype(dtype).itemsize),
+      vmem_limit_bytes=vmem,
     ),
     interpret=interpret,
     name="token_logprob_fwd",
@@ -325,9 +363,8 @@ def backward(
   _check(hidden_ND, unembed_DV, targets_N, block_n, block_v)
   (n, d), v = hidden_ND.shape, unembed_DV.shape[1]
   dtype = jnp.result_type(hidden_ND, unembed_DV)
-  bn, nn = _block(n, block_n)
-  bv, nv = _block(v, block_v)
-  vmem = _vmem_limit(bn, bv, d, jnp.dtype(dtype).itemsize)
+  itemsize = jnp.dtype(dtype).itemsize
+  bn, nn, bv, nv, vmem = _fit(n, v, d, itemsize, block_n, block_v)
   inv = jnp.reshape(jnp.asarray(inv_temp, F32), (1,))
   cols = [jnp.reshape(targets_N.astype(jnp.int32), (n, 1))]
   cols += [

@@ -9,6 +9,7 @@ import time
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
+from rljax._src.errors import UserError
 from rljax.plan._chips import Chip
 
 
@@ -120,6 +121,13 @@ def measure(name: str, lowered) -> Measured:
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
+    if "vmem" in str(e).lower():  # a kernel's blocks, not the program's HBM
+      raise UserError(
+        f"program {name!r}: a Pallas TPU kernel does not fit the chip's"
+        f" VMEM ({str(e).splitlines()[0][:200]}); pallas_kernels fits its"
+        " blocks to the VMEM of v4, v5e, v5p and v6e: for another chip,"
+        " pass smaller block_n / block_v."
+      ) from e
     return _over(name, e, time.perf_counter() - start)
   seconds = time.perf_counter() - start
   m = compiled.memory_analysis()

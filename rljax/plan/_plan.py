@@ -134,7 +134,9 @@ def _lowered(config, devices, task, policy_config):
   run = _abstract.abstract_run(
     config, devices, task=task, policy_config=policy_config
   )
-  with pallas_kernels.compile_for(devices[0].platform):
+  with pallas_kernels.compile_for(
+    devices[0].platform, device_kind=devices[0].device_kind
+  ):
     return run, _abstract.lowered_programs(run)
 
 
