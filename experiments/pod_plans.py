@@ -4,6 +4,7 @@ its TPU slice from this CPU host (``python -m rljax.training --config ...
 
   python experiments/pod_plans.py            # plan each run, then the table
   python experiments/pod_plans.py --table    # the table from the saved plans
+  python experiments/pod_plans.py --only qwen3_8b_grpo@v5e-64  # one again
 
 Each plan's ``plan.json`` is kept as docs/figures/plan_<config>_<slice>.json
 with the command's exit status and how long it took; the table (markdown)
@@ -79,29 +80,37 @@ def _gib(n: float) -> str:
   return f"{n / 2**30:.1f}"
 
 
+def _estimate(record: dict) -> tuple[str, str]:
+  """(iteration seconds by part, sampled tokens/s) of a plan that fits."""
+  seconds = record["iteration_seconds"]
+  return (
+    f"{seconds['total']:.1f} s (rollout {seconds['rollout']:.1f}, score"
+    f" {seconds['score']:.1f}, update {seconds['update']:.1f})",
+    f"{record['tokens_per_second']:,.0f}",
+  )
+
+
 def row(config: str, slice_: str, record: dict) -> str:
-  """One markdown row: the run, the mesh, fits or not, the peak program and
-  its GiB per chip against the HBM, the iteration estimate and tokens/s."""
+  """One markdown row: the run, the mesh, fits or not (with the nearest
+  configuration that fits), the peak program and its GiB per chip against
+  the HBM, and the iteration estimate and tokens/s of the plan that fits."""
   mesh = record["mesh"]
   shape = f"({mesh['data']}, {mesh['fsdp']}, {mesh['tensor']})"
   peak = (
     f"{_gib(record['peak_bytes_per_device'])} of"
     f" {_gib(record['hbm_bytes_per_device'])} ({record['peak_program']})"
   )
+  fitted = record if record["fits"] else record.get("suggested_plan")
   if record["fits"]:
     verdict = "fits"
-    seconds = record["iteration_seconds"]
-    estimate = (
-      f"{seconds['total']:.1f} s (rollout {seconds['rollout']:.1f}, score"
-      f" {seconds['score']:.1f}, update {seconds['update']:.1f})"
+  elif fitted:
+    verdict = (
+      f"does not fit; fits with `{' '.join(record['suggestion'])}`"
+      f" (peak {_gib(fitted['peak_bytes_per_device'])})"
     )
-    tokens = f"{record['tokens_per_second']:,.0f}"
   else:
-    suggestion = record.get("suggestion")
-    verdict = "does not fit" + (
-      f"; fits with `{' '.join(suggestion)}`" if suggestion else ""
-    )
-    estimate = tokens = "-"
+    verdict = "does not fit; no change tried fits"
+  estimate, tokens = _estimate(fitted) if fitted else ("-", "-")
   return (
     f"| `{config}` | {slice_} ({record['devices']} chips) | {shape} |"
     f" {verdict} | {peak} | {estimate} | {tokens} |"
@@ -111,8 +120,8 @@ def row(config: str, slice_: str, record: dict) -> str:
 def table(records) -> str:
   head = [
     "| config | slice | mesh (data, fsdp, tensor) | verdict |"
-    " peak GiB a chip of HBM (program) | iteration (roofline) |"
-    " sampled tokens/s |",
+    " peak GiB a chip of HBM (program) | iteration (roofline, of the plan"
+    " that fits) | sampled tokens/s |",
     "|---|---|---|---|---|---|---|",
   ]
   return "\n".join(head + [row(c, s, r) for (c, s), r in records.items()])
@@ -123,10 +132,18 @@ def main(argv=None) -> int:
   parser.add_argument(
     "--table", action="store_true", help="only print the saved plans' table"
   )
+  parser.add_argument(
+    "--only",
+    nargs="+",
+    default=[],
+    metavar="CONFIG@SLICE",
+    help="plan these again (e.g. qwen3_8b_grpo@v5e-64); the saved others",
+  )
   args = parser.parse_args(argv)
+  only = {tuple(x.split("@")) for x in args.only}
   records = {}
   for config, slice_ in PLANS:
-    if args.table:
+    if args.table or (only and (config, slice_) not in only):
       records[config, slice_] = json.loads(_figure(config, slice_).read_text())
       continue
     print(f"planning {config} on {slice_}...", file=sys.stderr, flush=True)

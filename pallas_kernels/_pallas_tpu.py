@@ -106,7 +106,7 @@ def _vmem_need(bn: int, bv: int, d: int, itemsize: int) -> int:
 def _fit(n: int, v: int, d: int, itemsize: int, block_n: int, block_v: int):
   """(bn, row blocks, bv, vocab blocks, VMEM to request): the requested
   blocks, halved (the larger first, kept multiples of (8, 128)) until they
-  need at most 3/4 of the target chip's VMEM (`vmem_bytes`):
+  need at most 3/4 of the target chip's VMEM (`vmem_bytes`), the budget:
   the default 512 x 2048 blocks of a width-4096 model need 100 MiB, more
   than a v5p's 64."""
   capacity = vmem_bytes()
@@ -118,9 +118,12 @@ def _fit(n: int, v: int, d: int, itemsize: int, block_n: int, block_v: int):
       bn = max(_SUBLANE, bn // 2 // _SUBLANE * _SUBLANE)
     else:  # the smallest blocks: Mosaic says what does not fit
       break
-  need = _vmem_need(bn, bv, d, itemsize)
-  # Above the 16-32 MiB default scoped limit when the blocks need it.
-  vmem = min(capacity, max(32 * _MIB, math.ceil(need / _MIB) * _MIB))
+  # The request: the budget (or the blocks' need, or the 16-32 MiB default
+  # scoped limit, when more). Mosaic's own stack comes on top of the
+  # blocks: the 8B backward's fitted blocks ran out of a request of just
+  # their estimate on v5p.
+  need = math.ceil(_vmem_need(bn, bv, d, itemsize) / _MIB) * _MIB
+  vmem = max(need, min(capacity, 32 * _MIB), capacity * 3 // 4)
   return (*_block(n, bn), *_block(v, bv), vmem)
 
 

@@ -167,20 +167,25 @@ def _loop_factor(config) -> float:
   return t.microbatches * steps / counted
 
 
-def _costs(config, devices, task, policy_config, chip, per_chip):
+def _costs(config, devices, task, policy_config, chip, per_chip, full=()):
   """name -> whole-program `Cost` per device, from compiles at 1 and 2
   layers (see the module docstring); the update's loops counted in full
-  (`_loop_factor`), the decode segment's as one decode step."""
+  (`_loop_factor`), the decode segment's as one decode step. `full`: the
+  programs as measured at full depth, whose costs are whole when the stack
+  is unrolled already (no more compiles)."""
   layers = policy_config.num_layers
-  # Up to two layers, the whole stack unrolled is one compile, exact.
-  depths = (1, 2) if layers > 2 else (layers,)
-  by_depth = [
-    {
-      m.name: m
-      for m in _measured(config, devices, task, _layers(policy_config, n))[1]
-    }
-    for n in depths
-  ]
+  if full and policy_config.scan_unroll >= layers:
+    by_depth = [{m.name: m for m in full}]
+  else:
+    # Up to two layers, the whole stack unrolled is one compile, exact.
+    depths = (1, 2) if layers > 2 else (layers,)
+    by_depth = [
+      {
+        m.name: m
+        for m in _measured(config, devices, task, _layers(policy_config, n))[1]
+      }
+      for n in depths
+    ]
   first, second = by_depth[0], by_depth[-1]
   scale = {"update": _loop_factor(config)}
   out = {}
@@ -289,6 +294,7 @@ class _Context:
         self.policy(config),
         self.slice.chip,
         self.per_chip,
+        full=programs,
       )
     iteration, tokens = _iteration(config, costs, _engine_slots(config))
     return Plan(
@@ -318,8 +324,9 @@ def plan_run(config, topology: str, *, task=None) -> Plan:
 
 def _candidates(config, mesh: dict) -> list[tuple[str, ...]]:
   """Override sets that lower per-device memory, nearest first: remat, more
-  fsdp (from the data axis), more micro-batches, fewer decode slots, LoRA;
-  then remat with the most fsdp and micro-batches, then with LoRA too."""
+  fsdp (from the data axis), more micro-batches, fewer decode slots, LoRA,
+  QLoRA (an int8 base); then remat with the most fsdp and micro-batches,
+  then with LoRA, then with QLoRA too."""
   d, f, t = mesh["data"], mesh["fsdp"], mesh["tensor"]
   fsdp = [
     (f"train.mesh=({d // k},{f * k},{t})",)
@@ -330,14 +337,19 @@ def _candidates(config, mesh: dict) -> list[tuple[str, ...]]:
   micros = [(f"train.microbatches={micro * k}",) for k in (2, 4, 8)]
   slots = _engine_slots(config)
   fewer = [(f"sampler.slots={slots // k}",) for k in (2, 4) if slots % k == 0]
-  lora = () if config.model.lora_rank else ("model.lora_rank=16",)
-  remat = () if config.model.remat else ("model.remat=True",)
-  out = [remat, *fsdp, *micros, *fewer]
-  if lora:
-    out.append(lora)
+  m = config.model
+  lora = () if m.lora_rank else ("model.lora_rank=16",)
+  qlora = () if m.lora_quantize_base else ("model.lora_quantize_base=True",)
+  qlora = lora + qlora if qlora else ()
+  remat = () if m.remat else ("model.remat=True",)
+  out = [remat, *fsdp, *micros, *fewer, lora, qlora]
   both = remat + (fsdp[-1] if fsdp else ()) + (micros[-1] if micros else ())
-  out += [both, both + lora] if lora else [both]
-  return [c for c in out if c]
+  out += [both, both + lora, both + qlora]
+  unique = []
+  for c in out:
+    if c and c not in unique:
+      unique.append(c)
+  return unique
 
 
 def search(config, topology: str, *, task=None, limit: int = 12):

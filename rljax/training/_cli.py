@@ -198,6 +198,8 @@ def _plan(config, topology: str) -> int:
     )
     fitted = plan.search(config, topology)
     record["suggestion"] = None if fitted is None else list(fitted[0])
+    # The suggestion's own plan: its peak, costs and iteration estimate.
+    record["suggested_plan"] = None if fitted is None else fitted[1].to_json()
   (directory / "plan.json").write_text(json.dumps(record, indent=2))
   if not found.fits:
     raise UserError(plan.over_message(found, fitted))

@@ -23,8 +23,9 @@ pytest.importorskip(
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
-# The demo on v5e:2x2 with fsdp 2 x tensor 2: every weight is split.
-DEMO = ("train.mesh=(1,2,2)",)
+# The demo on v5e:2x2 with fsdp 2 x tensor 2: every weight is split; its
+# two layers unrolled, so their compiles' costs are whole (no more compiles).
+DEMO = ("train.mesh=(1,2,2)", "model.scan_unroll=2")
 
 
 def _demo(*extra):
@@ -46,7 +47,7 @@ def test_each_programs_bytes_are_its_compiled_memory_analysis(demo_plan, name):
   config = _demo()
   context = _plan._Context(config, "v5e:2x2")
   _, lowered = _plan._lowered(
-    config, context.devices, context.task, context.policy_config
+    config, context.devices, context.task, context.policy(config)
   )
   assert [p.name for p in demo_plan.programs] == list(lowered) == PROGRAMS
   with _plan_no_cache():
@@ -141,6 +142,11 @@ def test_costs_extrapolate_the_layers_linearly(monkeypatch):
   depths.clear()
   costs = _plan._costs(config, None, None, _Stack(2), chip, 1)
   assert depths == [2] and costs["score"].flops == 13
+  # An unrolled stack's own compiles are whole: no more compiles.
+  depths.clear()
+  full = [_measured_at("score", 13, 140)]
+  costs = _plan._costs(config, None, None, _Stack(2, 2), chip, 1, full=full)
+  assert depths == [] and costs["score"].flops == 13
 
 
 @pytest.mark.slow  # two compiles of the demo's programs for a TPU
@@ -243,3 +249,34 @@ def test_a_candidates_model_settings_reach_the_policy():
   candidates = _plan._candidates(_demo(), {"data": 1, "fsdp": 2, "tensor": 2})
   assert candidates[0] == ("model.remat=True",)
   assert ("train.microbatches=2",) in candidates
+
+
+# Qwen3-32B, full fine-tuning with Adam, on 4 v5e chips (64 GiB in all; its
+# parameters alone take 61 GiB in bfloat16), at a small batch.
+QWEN3_32B_SMALL = (
+  "train.prompts_per_step=4",
+  "sampler.num_samples=4",
+  "sampler.max_new_tokens=256",
+  "task.max_prompt_tokens=256",
+  "train.microbatches=1",
+)
+
+
+@pytest.mark.slow  # a 64-layer model's programs, compiled for each candidate
+def test_a_run_that_cannot_fit_is_refused_with_a_suggestion_that_fits(
+  tmp_path, capsys
+):
+  pods = "configs/pods/qwen3_32b_grpo.py"
+  args = ["--config", pods, "--plan", "v5e:2x2", *QWEN3_32B_SMALL]
+  code = _cli_main.main([*args, f"output.directory={tmp_path / 'full'}"])
+  assert code == 2
+  (line,) = [
+    x for x in capsys.readouterr().err.splitlines() if x.startswith("error: ")
+  ]
+  suggestion = json.loads((tmp_path / "full" / "plan.json").read_text())[
+    "suggestion"
+  ]
+  assert suggestion and line.endswith(" ".join(suggestion)), line
+  assert "v5e:2x2: program" in line and "over the v5e's" in line
+  config = override(load_config(ROOT / pods), [*QWEN3_32B_SMALL, *suggestion])
+  assert plan.plan_run(config, "v5e:2x2").fits
