@@ -27,6 +27,7 @@ from rljax.models import _moe
 from rljax.models import _window
 from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
+from rljax.sharding._rules import BATCH_AXES
 
 
 class KVCache(NamedTuple):
@@ -323,6 +324,7 @@ def _layer(
   `KVCache`, `io` is `_window.Windowed` and `kv` is (index in the layer's store,
   whether the layer is sliding, the stores); it attends as well."""
   c, dt = config, x.dtype
+  x = _rows_split(x)
   h = _norm(c, x, w["attn_norm"])
   q = _proj(w, "q_proj", h, "bsd,dhk->bshk")
   k = _proj(w, "k_proj", h, "bsd,dnk->bsnk")
@@ -362,11 +364,29 @@ def _layer(
   out = _proj(w, "o_proj", attn, "bshk,hkd->bsd")
   if c.post_norms:
     out = _norm(c, out, w["post_attn_norm"])
-  x = x + out
+  x = _rows_split(x + out)
   out, routing = _mlp(c, w, _norm(c, x, w["mlp_norm"]), experts)
   if c.post_norms:
     out = _norm(c, out, w["post_mlp_norm"])
-  return x + out, kv, new, routing
+  return _rows_split(x + out), kv, new, routing
+
+
+def _rows_split(x_BSD: jax.Array) -> jax.Array:
+  """`x_BSD` with its rows split over the batch axes of the mesh in
+  context (`jax.set_mesh`; the trainer's programs and the engine's run in
+  theirs), when there is one and the rows divide: the residual stream stays
+  split by rows, so XLA gathers each layer's FSDP-split weights rather than
+  the activations. Without it, Qwen3-8B's update on 16 v5p chips computed
+  each micro-batch's MLP for all of its rows on every chip (the rows came
+  out of the micro-batch slice whole) and all-reduced the [rows, tokens,
+  12288] results."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+    return x_BSD
+  if x_BSD.shape[0] % math.prod(mesh.shape[a] for a in BATCH_AXES):
+    return x_BSD
+  spec = jax.sharding.PartitionSpec(BATCH_AXES, None, None)
+  return jax.lax.with_sharding_constraint(x_BSD, spec)
 
 
 def _check_prefix(prefix, cache, rows: int) -> None:

@@ -333,8 +333,16 @@ def _candidates(config, mesh: dict) -> list[tuple[str, ...]]:
     for k in (2, 4, 8, 16, 32, 64)
     if d % k == 0
   ]
-  micro = config.train.microbatches
-  micros = [(f"train.microbatches={micro * k}",) for k in (2, 4, 8)]
+  # A micro-batch's prompts still split over the batch axes' devices (each
+  # device a whole share: fewer would leave devices padding or idle).
+  t = config.train
+  micro = t.microbatches
+  micros = [
+    (f"train.microbatches={micro * k}",)
+    for k in (2, 4, 8)
+    if (t.prompts_per_step // (t.minibatches * micro * k)) % (d * f) == 0
+    and t.prompts_per_step % (t.minibatches * micro * k) == 0
+  ]
   slots = _engine_slots(config)
   fewer = [(f"sampler.slots={slots // k}",) for k in (2, 4) if slots % k == 0]
   m = config.model

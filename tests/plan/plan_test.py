@@ -249,6 +249,12 @@ def test_a_candidates_model_settings_reach_the_policy():
   candidates = _plan._candidates(_demo(), {"data": 1, "fsdp": 2, "tensor": 2})
   assert candidates[0] == ("model.remat=True",)
   assert ("train.microbatches=2",) in candidates
+  # 16 prompts over 8 batch devices: 2 micro-batches of 8 split evenly, 4
+  # of 4 would leave half the devices without a prompt.
+  wide = _plan._candidates(_demo(), {"data": 1, "fsdp": 8, "tensor": 1})
+  assert [c for c in wide if c[0].startswith("train.micro")] == [
+    ("train.microbatches=2",)
+  ]
 
 
 # Qwen3-32B, full fine-tuning with Adam, on 4 v5e chips (64 GiB in all; its
