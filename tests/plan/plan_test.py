@@ -74,6 +74,16 @@ def _plan_no_cache():
   return _measure._no_persistent_cache()
 
 
+@pytest.mark.slow  # three compiles of each program: about a minute
+def test_the_smollm2_config_plans_on_a_v5e_2x2():
+  # configs/smollm2_grpo.py as it is (SmolLM2-135M from its GGUF file, 30
+  # layers): every program fits a v5e's 16 GiB and holds a cost.
+  found = plan.plan_run(load_config(CONFIGS / "smollm2_grpo.py"), "v5e:2x2")
+  assert found.fits and found.devices == 4
+  assert set(found.costs) == {p.name for p in found.programs}
+  assert found.iteration["total"] > 0
+
+
 def test_parameter_bytes_are_each_weights_share_of_the_mesh(demo_plan):
   # The demo model (vocabulary 16, width 64, 2 layers, 4 heads, 2 KV heads
   # of 16, MLP 192), float32, fsdp=2 over "embed" and tensor=2 over vocab,
