@@ -144,7 +144,10 @@ def main(argv=None) -> int:
   records = {}
   for config, slice_ in PLANS:
     if args.table or (only and (config, slice_) not in only):
-      records[config, slice_] = json.loads(_figure(config, slice_).read_text())
+      if _figure(config, slice_).is_file():  # planned before
+        records[config, slice_] = json.loads(
+          _figure(config, slice_).read_text()
+        )
       continue
     print(f"planning {config} on {slice_}...", file=sys.stderr, flush=True)
     records[config, slice_] = plan_one(config, slice_)
