@@ -94,13 +94,15 @@ def vmem_bytes() -> int:
 
 
 def _vmem_need(bn: int, bv: int, d: int, itemsize: int) -> int:
-  """Bytes of VMEM a kernel's blocks take: double-buffered inputs, float32
-  tiles, accumulators, and 4 MiB for Mosaic's own (an overestimate: v5p's
-  compile of 100 MiB of it used 66)."""
+  """Bytes of VMEM a kernel's blocks take: double-buffered inputs and
+  outputs (the backward's [bn, D] or [D, bv] gradient blocks), float32
+  tiles, accumulators, and 4 MiB for Mosaic's own. Without the outputs it
+  undercounted Llama-3.1-70B's width (8192): 47 MiB estimated, 67 used."""
   blocks = 2 * (bn * d + d * bv) * itemsize
+  outputs = 2 * max(bn, bv) * d * itemsize
   tiles = 6 * bn * bv * 4  # z, p, dz and their masked / cast copies
   accumulators = max(bn, bv) * d * 4
-  return blocks + tiles + accumulators + 4 * _MIB
+  return blocks + outputs + tiles + accumulators + 4 * _MIB
 
 
 def _fit(n: int, v: int, d: int, itemsize: int, block_n: int, block_v: int):

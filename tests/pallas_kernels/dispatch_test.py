@@ -77,27 +77,28 @@ def test_tpu_blocks_are_fitted_to_the_target_chips_vmem():
 
   mib = 2**20
   # Qwen3-8B's width (4096) in bfloat16, default 512 x 2048 blocks: double-
-  # buffered blocks 2 (512 + 2048) 4096 x 2 B = 40 MiB, float32 tiles
-  # 6 x 512 x 2048 x 4 B = 24 MiB, accumulators 2048 x 4096 x 4 B = 32 MiB,
-  # and 4 MiB: 100 MiB.
-  assert _pallas_tpu._vmem_need(512, 2048, 4096, 2) == 100 * mib
+  # buffered input blocks 2 (512 + 2048) 4096 x 2 B = 40 MiB, output blocks
+  # 2 x 2048 x 4096 x 2 B = 32 MiB, float32 tiles 6 x 512 x 2048 x 4 B =
+  # 24 MiB, accumulators 2048 x 4096 x 4 B = 32 MiB, and 4 MiB: 132 MiB.
+  assert _pallas_tpu._vmem_need(512, 2048, 4096, 2) == 132 * mib
   # A v5e (128 MiB) takes 3/4 = 96 MiB: the vocabulary block halves once,
-  # 24 + 12 + 16 + 4 = 56 MiB. A v5p (64 MiB, 48 usable): twice,
-  # 16 + 6 + 8 + 4 = 34 MiB. A v4 (16 MiB, 12): down to 128 x 128.
+  # 24 + 16 + 12 + 16 + 4 = 72 MiB. A v5p (64 MiB, 48 usable): twice,
+  # 16 + 8 + 6 + 8 + 4 = 42 MiB. A v4 (16 MiB, 12): down to 64 x 128.
   # Each requests its budget (v4: its 16 MiB, the default scoped limit).
   for kind, blocks, vmem in (
     ("TPU v5 lite", (512, 1, 1024, 8), 96),
     ("TPU v5", (512, 1, 512, 16), 48),
-    ("TPU v4", (128, 4, 128, 64), 16),
+    ("TPU v4", (64, 8, 128, 64), 16),
   ):
     with pk.compile_for("tpu", device_kind=kind):
       fitted = _pallas_tpu._fit(512, 8192, 4096, 2, 512, 2048)
     assert fitted == (*blocks, vmem * mib), kind
-  # Blocks that fit keep their size: width 192 in float32, 3.75 + 24 + 1.5
-  # + 4 = 33.25 MiB, within a v5p's budget.
+  # Blocks that fit keep their size: width 192 in float32, 3.75 + 3 + 24 +
+  # 1.5 + 4 = 36.25 MiB, within a v5p's budget.
   with pk.compile_for("tpu", device_kind="TPU v5"):
     fitted = _pallas_tpu._fit(700, 3000, 192, 4, 512, 2048)
   assert fitted == (512, 2, 2048, 2, 48 * mib)
+  assert _pallas_tpu._vmem_need(512, 2048, 192, 4) == int(36.25 * mib)
 
 
 def test_pallas_interpret_runs_the_tpu_kernel_interpreted():

@@ -100,6 +100,6 @@ def _cases():
         yield pytest.param(chip, dtype, shape, marks=slow)
 
 
-@pytest.mark.parametrize("chip,dtype,shape", _cases())
+@pytest.mark.parametrize("chip,dtype,shape", list(_cases()))
 def test_the_kernels_compile_for_each_chip(chip, dtype, shape):
   _check(chip, jnp.dtype(dtype), shape)
