@@ -28,6 +28,7 @@ from rljax.models import _window
 from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
 from rljax.sharding._rules import BATCH_AXES
+from rljax.sharding._rules import _axis_size
 
 
 class KVCache(NamedTuple):
@@ -383,7 +384,7 @@ def _rows_split(x_BSD: jax.Array) -> jax.Array:
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
     return x_BSD
-  if x_BSD.shape[0] % math.prod(mesh.shape[a] for a in BATCH_AXES):
+  if x_BSD.shape[0] % _axis_size(mesh, BATCH_AXES):
     return x_BSD
   spec = jax.sharding.PartitionSpec(BATCH_AXES, None, None)
   return jax.lax.with_sharding_constraint(x_BSD, spec)
