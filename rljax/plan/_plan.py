@@ -158,13 +158,11 @@ def _layers(policy_config, n: int):
 
 
 def _loop_factor(config) -> float:
-  """How many times the update's whole work is its counted work: the
-  update runs its first step and micro-batch outside `lax.scan` loops whose
-  bodies the cost analysis counts once (so 1 or 2 counted of each)."""
+  """How many times the update's whole work is its counted work: its
+  optimizer steps and micro-batches are `lax.scan` loops whose bodies the
+  cost analysis counts once."""
   t = config.train
-  steps = t.epochs * t.minibatches
-  counted = (1 + (t.microbatches > 1)) * (1 + (steps > 1))
-  return t.microbatches * steps / counted
+  return float(t.microbatches * t.epochs * t.minibatches)
 
 
 def _costs(config, devices, task, policy_config, chip, per_chip, full=()):

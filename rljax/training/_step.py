@@ -284,6 +284,27 @@ def _add(a, b):
   return jax.tree.map(jnp.add, a, b)
 
 
+def _zeros_like_out(fn, *args):
+  """Zeros shaped like ``fn(*args)``'s output (traced, not run)."""
+  return jax.tree.map(
+    lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(fn, *args)
+  )
+
+
+def _summed(fn, n: int):
+  """``fn(0) + ... + fn(n - 1)`` over pytrees: one traced copy of `fn` in a
+  `lax.scan` from zeros (0 + x is x exactly, so the sums are those of
+  peeling the first term, in half the program and its compile)."""
+  if n == 1:
+    return fn(0)
+  total, _ = jax.lax.scan(
+    lambda carry, i: (_add(carry, fn(i)), None),
+    _zeros_like_out(fn, 0),
+    jnp.arange(n),
+  )
+  return total
+
+
 def _scale(grads, den):
   """grad(num) / den, or grad(num) when den is 0 (a token-sum loss)."""
   inv = jnp.where(den == 0, 1.0, 1.0 / jnp.where(den == 0, 1.0, den))
@@ -323,14 +344,7 @@ def _accumulated_grads(loss_fn, params, data, microbatches):
     grads, (den, metrics) = jax.grad(num, has_aux=True)(params)
     return grads, den, metrics
 
-  def body(carry, i):
-    return _add(carry, micro(i)), None
-
-  first = micro(0)
-  if microbatches == 1:
-    return first
-  total, _ = jax.lax.scan(body, first, jnp.arange(1, microbatches))
-  return total
+  return _summed(micro, microbatches)
 
 
 def _policy_logprobs(models, spec, params, seqs):
@@ -418,15 +432,7 @@ def _measured(models, algorithm, spec, params, algo_state, seqs, batch, key):
       key=jax.random.fold_in(key, i),
     )
 
-  first = micro(0)
-  if spec.microbatches == 1:
-    return first
-  total, _ = jax.lax.scan(
-    lambda carry, i: (_add(carry, micro(i)), None),
-    first,
-    jnp.arange(1, spec.microbatches),
-  )
-  return total
+  return _summed(micro, spec.microbatches)
 
 
 def _observed(models, algorithm, spec, params, algo_state, seqs, batch, key):
@@ -579,17 +585,18 @@ def update(
       jax.random.fold_in(key, i),
     )
 
-  state, metrics = body(state, 0)
   steps = spec.epochs * spec.minibatches
   if steps == 1:
-    return state, metrics
+    return body(state, 0)
 
   def scan_body(carry, i):
     state, total = carry
     state, metrics = body(state, i)
     return (state, _add(total, metrics)), None
 
+  # One traced optimizer step, its metrics summed from zeros (`_summed`).
+  zeros = _zeros_like_out(lambda s: body(s, 0)[1], state)
   (state, metrics), _ = jax.lax.scan(
-    scan_body, (state, metrics), jnp.arange(1, steps)
+    scan_body, (state, zeros), jnp.arange(steps)
   )
   return state, metrics

@@ -126,9 +126,8 @@ def test_costs_extrapolate_the_layers_linearly(monkeypatch):
   # Hand-worked: at 1 layer a program costs 10 FLOPs and moves 100 bytes,
   # at 2 layers 13 and 140; a layer is then 3 and 40, the rest 7 and 60, so
   # 5 layers cost 7 + 5 x 3 = 22 FLOPs and move 60 + 5 x 40 = 260 bytes.
-  # The update (4 micro-batches, one optimizer step: the first micro-batch
-  # outside the scan, the body counted once, so 2 counted of 4) is twice
-  # that. A 2-layer model is one compile of its whole stack, exact.
+  # The update (4 micro-batches in a scan whose body is counted once, one
+  # optimizer step) is four times that. A 2-layer model is one compile of its whole stack, exact.
   depths = []
 
   def fake(config, devices, task, stack):
@@ -145,7 +144,7 @@ def test_costs_extrapolate_the_layers_linearly(monkeypatch):
   costs = _plan._costs(config, None, None, _Stack(5), chip, 1)
   assert depths == [1, 2]
   assert (costs["score"].flops, costs["score"].bytes_accessed) == (22, 260)
-  assert (costs["update"].flops, costs["update"].bytes_accessed) == (44, 520)
+  assert (costs["update"].flops, costs["update"].bytes_accessed) == (88, 1040)
   assert costs["score"].seconds == max(
     22 / chip.peak_flops, 260 / chip.hbm_bandwidth
   )
@@ -176,12 +175,12 @@ def test_the_demos_costs_are_its_unrolled_compiles(demo_plan):
 
 
 def test_the_update_loops_are_counted_to_their_trip_counts():
-  # 4 micro-batches and 2 epochs x 3 mini-batches: the first of each runs
-  # outside its scan, the body is counted once: 2 x 2 counted of 4 x 6.
+  # 4 micro-batches and 2 epochs x 3 mini-batches: each loop's body is
+  # traced once in its scan and counted once: 1 counted of 4 x 6.
   config = _demo(
     "train.microbatches=4", "train.epochs=2", "train.minibatches=3"
   )
-  assert _plan._loop_factor(config) == 4 * 6 / (2 * 2)
+  assert _plan._loop_factor(config) == 4 * 6
   assert _plan._loop_factor(_demo()) == 1.0
 
 
