@@ -68,6 +68,11 @@ SLOW_CASES = {
   "tests/training/step_test.py::test_microbatches_give_the_whole_minibatch_gradient[ppo]",
   "tests/posttrain/runs_test.py::test_cli_dry_runs_each_kind[distill]",
   "tests/posttrain/runs_test.py::test_cli_dry_runs_each_kind[preference]",
+}
+
+# Parametrized cases in the TPU compile step (`-m tpu`, see pyproject.toml)
+# instead of the default run.
+TPU_CASES = {
   "tests/plan/plan_test.py::test_each_programs_bytes_are_its_compiled_memory_analysis[update]",
 }
 
@@ -90,6 +95,9 @@ LONGEST_FIRST = (
   "notebooks/prototype_objective.ipynb",
   "tests/readme_test.py::test_readme_model_example_runs",
   "notebooks/quickstart.ipynb",
+  # The TPU compile step's longest (`-m tpu`): first, before the kernel
+  # compiles' state grows the process (57 s alone, 73 s after them).
+  "tests/plan/plan_test.py::test_the_smollm2_config_plans_on_a_v5e_2x2",
 )
 
 
@@ -105,4 +113,6 @@ def pytest_collection_modifyitems(items):
   for item in items:
     if item.nodeid in SLOW_CASES:
       item.add_marker(pytest.mark.slow)
+    if item.nodeid in TPU_CASES:
+      item.add_marker(pytest.mark.tpu)
   items.sort(key=_rank)  # stable: the rest keep their order

@@ -125,14 +125,19 @@ class Plan:
     }
 
 
-def _lowered(config, devices, task, policy_config):
+def _lowered(config, devices, task, stacks):
   """The abstract run and its lowered programs, traced for the devices'
-  platform (the Pallas kernels of a TPU)."""
+  platform (the Pallas kernels of a TPU). `stacks`: the `ModelConfig` of
+  the policy and (where the run reads one) the teacher."""
   import pallas_kernels
   from rljax.training import _abstract
 
   run = _abstract.abstract_run(
-    config, devices, task=task, policy_config=policy_config
+    config,
+    devices,
+    task=task,
+    policy_config=stacks["policy"],
+    teacher_config=stacks.get("teacher"),
   )
   with pallas_kernels.compile_for(
     devices[0].platform, device_kind=devices[0].device_kind
@@ -140,17 +145,17 @@ def _lowered(config, devices, task, policy_config):
     return run, _abstract.lowered_programs(run)
 
 
-def _measured(config, devices, task, policy_config):
-  run, lowered = _lowered(config, devices, task, policy_config)
+def _measured(config, devices, task, stacks):
+  run, lowered = _lowered(config, devices, task, stacks)
   return run, [measure(name, low) for name, low in lowered.items()]
 
 
-def _layers(policy_config, n: int):
-  """`policy_config` cut to `n` layers, unrolled (its loop body is then the
+def _layers(model_config, n: int):
+  """`model_config` cut to `n` layers, unrolled (its loop body is then the
   whole stack, which the cost analysis counts)."""
-  types = policy_config.layer_types
+  types = model_config.layer_types
   return dataclasses.replace(
-    policy_config,
+    model_config,
     num_layers=n,
     scan_unroll=n,
     layer_types=None if types is None else tuple(types[:n]),
@@ -165,39 +170,55 @@ def _loop_factor(config) -> float:
   return float(t.microbatches * t.epochs * t.minibatches)
 
 
-def _costs(config, devices, task, policy_config, chip, per_chip, full=()):
-  """name -> whole-program `Cost` per device, from compiles at 1 and 2
-  layers (see the module docstring); the update's loops counted in full
-  (`_loop_factor`), the decode segment's as one decode step. `full`: the
-  programs as measured at full depth, whose costs are whole when the stack
-  is unrolled already (no more compiles)."""
-  layers = policy_config.num_layers
-  if full and policy_config.scan_unroll >= layers:
-    by_depth = [{m.name: m for m in full}]
+def _depths(stacks) -> list[tuple[Any, dict[str, int]]]:
+  """(the stack made deeper or None, {stack: layers}) to compile for whole
+  costs: a base (each stack at 1 layer, or whole up to 2 layers: exact)
+  then, per stack deeper than 2 layers, the base with that stack at 2."""
+  base = {k: 1 if c.num_layers > 2 else c.num_layers for k, c in stacks.items()}
+  deeper = [(k, {**base, k: 2}) for k, c in stacks.items() if c.num_layers > 2]
+  return [(None, base), *deeper]
+
+
+def _costs(config, devices, task, stacks, chip, per_chip, full=()):
+  """name -> whole-program `Cost` per device. Compiled at `_depths` (each
+  stack unrolled), a program's cost is linear in each stack's layers:
+  cost = c_base + sum over stacks of (layers - 1) (c_stack_at_2 - c_base);
+  the update's loops are counted in full (`_loop_factor`), the decode
+  segment's as one decode step. `full`: the programs as measured at full
+  depth, whose costs are whole when every stack is unrolled already (no
+  more compiles)."""
+  if full and all(c.scan_unroll >= c.num_layers for c in stacks.values()):
+    by_depth = {None: {m.name: m for m in full}}
   else:
-    # Up to two layers, the whole stack unrolled is one compile, exact.
-    depths = (1, 2) if layers > 2 else (layers,)
-    by_depth = [
-      {
+    by_depth = {
+      deeper: {
         m.name: m
-        for m in _measured(config, devices, task, _layers(policy_config, n))[1]
+        for m in _measured(
+          config,
+          devices,
+          task,
+          {k: _layers(stacks[k], n) for k, n in depth.items()},
+        )[1]
       }
-      for n in depths
-    ]
-  first, second = by_depth[0], by_depth[-1]
-  scale = {"update": _loop_factor(config)}
+      for deeper, depth in _depths(stacks)
+    }
+  base = by_depth.pop(None)
+  scale = _loop_factor(config)
   out = {}
-  for name, m1 in first.items():
-    m2 = second[name]
-    if m1.error or m2.error:  # refused for HBM: no cost to extrapolate
-      continue
-    k = scale.get(name, 1.0)
-    flops = k * (m1.flops + (layers - 1) * (m2.flops - m1.flops))
-    moved = k * (
-      m1.bytes_accessed + (layers - 1) * (m2.bytes_accessed - m1.bytes_accessed)
+  for name, m in base.items():
+    at_2 = {k: d[name] for k, d in by_depth.items()}
+    if m.error or any(x.error for x in at_2.values()):
+      continue  # refused for HBM: no cost to extrapolate
+    k = scale if name == "update" else 1.0
+    flops, moved = m.flops, m.bytes_accessed
+    for stack, x in at_2.items():
+      layers = stacks[stack].num_layers - 1
+      flops += layers * (x.flops - m.flops)
+      moved += layers * (x.bytes_accessed - m.bytes_accessed)
+    whole = dataclasses.replace(m, flops=k * flops, bytes_accessed=k * moved)
+    out[name] = Cost(
+      whole.flops, whole.bytes_accessed, whole.seconds(chip, per_chip)
     )
-    whole = dataclasses.replace(m1, flops=flops, bytes_accessed=moved)
-    out[name] = Cost(flops, moved, whole.seconds(chip, per_chip))
   return out
 
 
@@ -244,6 +265,13 @@ def _check_kind(config) -> None:
       " and update programs); a supervised, preference or distillation"
       " run's step can be checked with --dry_run."
     )
+  if config.sampler.engine != "continuous":
+    raise UserError(
+      f"sampler.engine={config.sampler.engine!r}: --plan compiles the"
+      " continuous engine's prefill and decode programs; plan with"
+      " sampler.engine='continuous' (the default; the static sampler's"
+      " single program keeps every row to the longest completion)."
+    )
 
 
 class _Context:
@@ -251,6 +279,7 @@ class _Context:
 
   def __init__(self, config, topology: str, task=None):
     from rljax.training import _abstract
+    from rljax.training import _trainer_setup
 
     _check_kind(config)
     self.slice = parse_slice(topology)
@@ -261,6 +290,14 @@ class _Context:
     self.policy_config = _abstract.model_config(
       config.model, self.task.alphabet
     )
+    # The frozen model an algorithm scores with (OPD's, say), when it does.
+    self.teacher_config = None
+    if config.teacher is not None and _abstract.reads_teacher(
+      _trainer_setup.algorithm(config)
+    ):
+      self.teacher_config = _abstract.model_config(
+        config.teacher, self.task.alphabet
+      )
 
   def policy(self, config):
     """The policy's `ModelConfig` under `config`'s model settings (a
@@ -274,9 +311,16 @@ class _Context:
       scan_unroll=m.scan_unroll,
     )
 
+  def stacks(self, config) -> dict:
+    """{"policy": its `ModelConfig`, "teacher": the teacher's, if read}."""
+    out = {"policy": self.policy(config)}
+    if self.teacher_config is not None:
+      out["teacher"] = self.teacher_config
+    return out
+
   def memory(self, config):
     """(abstract run, measured programs) of `config` at full depth."""
-    return _measured(config, self.devices, self.task, self.policy(config))
+    return _measured(config, self.devices, self.task, self.stacks(config))
 
   def plan(self, config, overrides=(), *, measured=None) -> Plan:
     """The `Plan` of `config`; `measured` is its `memory` when known."""
@@ -289,7 +333,7 @@ class _Context:
         config,
         self.devices,
         self.task,
-        self.policy(config),
+        self.stacks(config),
         self.slice.chip,
         self.per_chip,
         full=programs,

@@ -48,6 +48,7 @@ class AbstractRun(NamedTuple):
   batch: Batch
   key: jax.ShapeDtypeStruct
   policy_config: Any
+  teacher: Any = None  # (graphdef, abstract params) of a frozen scorer
 
 
 def run_task(config):
@@ -171,14 +172,53 @@ def _placed_like(tree, mesh):
   return jax.tree.map(lambda x: _rows(x.shape, x.dtype, mesh), tree)
 
 
-def abstract_run(config, devices, *, task, policy_config) -> AbstractRun:
+def reads_teacher(algorithm) -> bool:
+  """Whether `algorithm` reads a frozen model's log-probs (a teacher)."""
+  return _build.needs_field(algorithm, "teacher_logp_PGT") or (
+    "teacher" in _trainer_setup.rescored_models(algorithm)
+  )
+
+
+def _abstract_teacher(config, teacher_config, policy_config, mesh):
+  """(graphdef, abstract placed params) of the frozen model whose log-probs
+  the algorithm reads (`_build.place_teacher`'s checks)."""
+  if teacher_config is None:
+    raise UserError(
+      f"algorithm {config.algorithm.name!r} reads a frozen model's token"
+      " log-probs (Batch.teacher_logp_PGT, or a Rescore with"
+      " model='teacher'): set the config's teacher"
+      " (teacher=ModelSpec(source=...))."
+    )
+  if teacher_config.vocab_size != policy_config.vocab_size:
+    raise UserError(
+      f"teacher.source={config.teacher.source!r} has vocabulary size"
+      f" {teacher_config.vocab_size}, the policy"
+      f" {policy_config.vocab_size}; the teacher scores the policy's tokens,"
+      " so it must share its tokenizer."
+    )
+  teacher = nnx.eval_shape(
+    lambda: Transformer(teacher_config, rngs=nnx.Rngs(0))
+  )
+  try:
+    return nnx.graphdef(teacher), _placed(teacher, mesh)
+  except ValueError as e:
+    raise UserError(f"train.mesh={tuple(config.train.mesh)}: {e}") from e
+
+
+def abstract_run(
+  config, devices, *, task, policy_config, teacher_config=None
+) -> AbstractRun:
   """Everything an RL iteration of `config` reads, abstract and sharded over
   a mesh of `devices` (``train.mesh`` sizes), for a policy of
-  `policy_config` (`model_config`) and `task` (`run_task`).
+  `policy_config` (`model_config`), a teacher of `teacher_config` (of
+  ``config.teacher``, where the algorithm reads one) and `task`
+  (`run_task`).
 
   Raises:
     UserError: ``train.mesh`` does not fit the devices, or does not divide
-      the batch or a parameter (heads, KV heads, experts, vocabulary).
+      the batch or a parameter (heads, KV heads, experts, vocabulary); the
+      algorithm reads a teacher and none is given, or its vocabulary is
+      not the policy's.
   """
   c = config
   try:
@@ -194,13 +234,9 @@ def abstract_run(config, devices, *, task, policy_config) -> AbstractRun:
   needs = {
     f: _build.needs_field(algorithm, f) for f in _trainer_setup.NEEDED_FIELDS
   }
-  if needs["teacher_logp_PGT"] or "teacher" in (
-    _trainer_setup.rescored_models(algorithm)
-  ):
-    raise UserError(
-      f"algorithm {c.algorithm.name!r} reads a teacher's log-probs; a plan"
-      " does not compile the teacher's pass yet: plan the run without it."
-    )
+  teacher = None
+  if reads_teacher(algorithm):
+    teacher = _abstract_teacher(c, teacher_config, policy_config, mesh)
   critic = (
     nnx.eval_shape(lambda: ValueModel(policy_config, rngs=nnx.Rngs(0)))
     if needs["old_values_PGT"]
@@ -221,11 +257,18 @@ def abstract_run(config, devices, *, task, policy_config) -> AbstractRun:
     mask_PGL=_rows((p, g, width), jnp.int32, mesh),
   )
   batch = _raw_batch(c, mesh, max(len(task.rewards), 1))
+  teacher_graph, teacher_params = teacher or (None, None)
   score = _trainer_batch.score_fn(
-    c, models, needs, None, algorithm.rescores, c.sampler.temperature, mesh
+    c,
+    models,
+    needs,
+    teacher_graph,
+    algorithm.rescores,
+    c.sampler.temperature,
+    mesh,
   )
   with jax.set_mesh(mesh):
-    scores = dict(jax.eval_shape(score, state, None, seqs))
+    scores = dict(jax.eval_shape(score, state, teacher_params, seqs))
   batch = batch._replace(**_placed_like(scores.pop("fields"), mesh))
   batch = batch.with_extra(**_placed_like(scores, mesh))
   if needs["baseline_rewards_P"]:
@@ -250,25 +293,28 @@ def abstract_run(config, devices, *, task, policy_config) -> AbstractRun:
     batch=_placed_like(prepared, mesh),
     key=key,
     policy_config=policy_config,
+    teacher=teacher,
   )
 
 
 def lowered_programs(run: AbstractRun) -> dict[str, Any]:
   """{name: `jax.stages.Lowered`} of the programs an RL iteration runs: the
-  scoring pass, the update and (with the continuous engine) the rollout
+  scoring pass (old, reference, value, teacher and rescore passes), the
+  update and (with the continuous engine) the rollout
   engine's prefill and decode segment."""
   c = run.config
   out = {}
+  teacher_graph, teacher_params = run.teacher or (None, None)
   score = _trainer_batch.score_fn(
     c,
     run.models,
     run.needs,
-    None,
+    teacher_graph,
     run.algorithm.rescores,
     c.sampler.temperature,
     run.mesh,
   )
-  out["score"] = score.lower(run.state, None, run.seqs)
+  out["score"] = score.lower(run.state, teacher_params, run.seqs)
   spec = _trainer_setup.update_spec(c)
   shardings = jax.tree.map(lambda x: x.sharding, run.state)
   update = _trainer_batch.update_fn(run.models, run.algorithm, spec, shardings)

@@ -3,6 +3,7 @@ and a dense-dispatch JAX reference (gradients), the load-balancing loss
 against numpy and transformers, expert parallelism on 8 CPU devices and
 routing replay."""
 
+import contextlib
 import dataclasses
 
 from flax import nnx
@@ -185,16 +186,31 @@ def test_load_balancing_loss_gradient_by_finite_differences():
 
 
 def _forward(model, tokens, mask, mesh=None):
+  """(outputs, gradient of their sum of squares, per-device FLOPs, the
+  state), jitted inside `mesh` (as the trainer's programs run) if given."""
   graphdef, state = nnx.split(model)
   shardings = None
   if mesh is not None:
     shardings = sharding.param_shardings(state, mesh)
     state = jax.device_put(state, shardings)
+
+  def value(s, t, m):
+    return nnx.merge(graphdef, s)(t, m)[0]
+
+  def loss(s, t, m):
+    return jnp.sum(jnp.square(value(s, t, m)))
+
+  def both(s, t, m):
+    return value(s, t, m), jax.grad(loss)(s, t, m)
+
   fn = jax.jit(
-    lambda s, t, m: nnx.merge(graphdef, s)(t, m)[0],
-    in_shardings=(shardings, None, None) if mesh is not None else None,
+    both, in_shardings=(shardings, None, None) if mesh is not None else None
   )
-  return np.asarray(fn(state, tokens, mask)), state
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+    compiled = fn.lower(state, tokens, mask).compile()
+    out, grad = compiled(state, tokens, mask)
+  flops = compiled.cost_analysis()["flops"]
+  return np.asarray(out), jax.device_get(grad), flops, state
 
 
 def _tokens(b=8, s=6, seed=0):
@@ -206,12 +222,12 @@ def _tokens(b=8, s=6, seed=0):
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 1), (2, 2, 2)])
-def test_expert_sharded_forward_equals_one_device(shape):
+def test_expert_sharded_forward_and_gradient_equal_one_device(shape):
   model = _model()
   tokens, mask = _tokens()
-  one, _ = _forward(model, tokens, mask)
+  one, grad_one, flops_one, _ = _forward(model, tokens, mask)
   mesh = sharding.make_mesh(*shape)
-  many, state = _forward(model, tokens, mask, mesh)
+  many, grad_many, flops_many, state = _forward(model, tokens, mask, mesh)
   gate = state["layers"]["expert_gate"][...]
   assert gate.sharding.spec == jax.sharding.PartitionSpec(
     None, "fsdp", None, "tensor"
@@ -219,6 +235,16 @@ def test_expert_sharded_forward_equals_one_device(shape):
   # Each device holds E / fsdp experts.
   assert gate.addressable_shards[0].data.shape[1] == 8 // shape[1]
   np.testing.assert_allclose(many, one, atol=1e-5, rtol=1e-5)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
+    grad_many,
+    grad_one,
+  )
+  # Each device routes only its own tokens through the experts (an eighth
+  # of the rows, or a quarter at half the experts' width): about an eighth
+  # of one device's FLOPs. Left to XLA, which cannot partition
+  # `ragged_dot`, every device ran every token's experts.
+  assert flops_many < flops_one / 8 * 1.5, (flops_many, flops_one)
 
 
 def test_dense_rules_unchanged_for_dense_models():

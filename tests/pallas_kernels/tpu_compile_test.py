@@ -6,12 +6,13 @@ extra). Each compiled program holds the Mosaic kernel, not the chunked XLA
 schedule."""
 
 import jax
-from jax.experimental import topologies
 import jax.numpy as jnp
 import pytest
 
 import pallas_kernels as pk
 from rljax.plan import _measure
+from rljax.plan import _plan
+from rljax.plan._chips import parse_slice
 
 pytest.importorskip(
   "libtpu",
@@ -61,10 +62,10 @@ def _programs(n, d, v, dtype):
 
 
 def _compile_on(chip, fn, args):
-  device = topologies.get_topology_desc(
-    platform="tpu",
-    topology_name=f"{chip}:{'2x2' if chip != 'v5p' else '2x2x1'}",
-  ).devices[0]
+  # (`topology_devices` lets processes side by side load libtpu.)
+  device = _plan.topology_devices(
+    parse_slice(f"{chip}:{'2x2' if chip != 'v5p' else '2x2x1'}")
+  )[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
   args = [
     jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args
@@ -84,22 +85,14 @@ def _check(chip, dtype, shape):
     assert memory.temp_size_in_bytes < 64 * 2**20, (chip, name, memory)
 
 
-# In the default run one of the 18 cases (about 8 s: bfloat16 blocks fitted
-# to a v5p's VMEM) and the v5e's float32 kernel at ragged shapes in the
-# demo's plan (tests/plan/plan_test.py); all 18 in the slow set. Mosaic
-# refuses a kernel whose scoped VMEM exceeds the target chip's, so a
-# compile is also the VMEM check.
-DEFAULT_RUN = {("v5p", "bfloat16", "wide")}
-
-
-def _cases():
-  for chip in ("v5e", "v5p", "v6e"):
-    for dtype in ("float32", "bfloat16"):
-      for shape in sorted(SHAPES):
-        slow = () if (chip, dtype, shape) in DEFAULT_RUN else pytest.mark.slow
-        yield pytest.param(chip, dtype, shape, marks=slow)
-
-
-@pytest.mark.parametrize("chip,dtype,shape", list(_cases()))
+# All 18 cases in the TPU compile step (`-m tpu`, about 2 min on 2 cores;
+# the default run compiles the v5e's float32 kernel at ragged shapes in the
+# demo's plan, tests/plan/plan_test.py). Mosaic refuses a kernel whose
+# scoped VMEM exceeds the target chip's, so a compile is also the VMEM
+# check.
+@pytest.mark.tpu
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("chip", ["v5e", "v5p", "v6e"])
 def test_the_kernels_compile_for_each_chip(chip, dtype, shape):
   _check(chip, jnp.dtype(dtype), shape)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from rljax import plan
+from rljax._src.errors import UserError
 from rljax.plan import _plan
 from rljax.plan._chips import parse_slice
 from rljax.plan._measure import Measured
@@ -33,7 +34,8 @@ def _demo(*extra):
 
 
 # The demo's programs; the update's compile (three Mosaic kernels) is the
-# long one, and its bytes are checked in the slow set (tests/conftest.py).
+# long one, and its bytes are checked in the TPU compile step (`-m tpu`,
+# tests/conftest.py).
 PROGRAMS = ["score", "update", "prefill", "decode_segment"]
 
 
@@ -47,7 +49,7 @@ def test_each_programs_bytes_are_its_compiled_memory_analysis(demo_plan, name):
   config = _demo()
   context = _plan._Context(config, "v5e:2x2")
   _, lowered = _plan._lowered(
-    config, context.devices, context.task, context.policy(config)
+    config, context.devices, context.task, context.stacks(config)
   )
   assert [p.name for p in demo_plan.programs] == list(lowered) == PROGRAMS
   with _plan_no_cache():
@@ -74,7 +76,7 @@ def _plan_no_cache():
   return _measure._no_persistent_cache()
 
 
-@pytest.mark.slow  # three compiles of each program: about a minute
+@pytest.mark.tpu  # three compiles of each program: about a minute
 def test_the_smollm2_config_plans_on_a_v5e_2x2():
   # configs/smollm2_grpo.py as it is (SmolLM2-135M from its GGUF file, 30
   # layers): every program fits a v5e's 16 GiB and holds a cost.
@@ -82,6 +84,21 @@ def test_the_smollm2_config_plans_on_a_v5e_2x2():
   assert found.fits and found.devices == 4
   assert set(found.costs) == {p.name for p in found.programs}
   assert found.iteration["total"] > 0
+
+
+@pytest.mark.slow  # two SmolLM2s, four compiles of each program: 3 min
+def test_the_opd_config_plans_its_teachers_pass():
+  # configs/opd.py: a 10-layer student of SmolLM2-135M scored by the whole
+  # 30-layer model. The score program runs the teacher; its cost counts the
+  # teacher's 30 layers and the policy's 10 apart (`_depths`).
+  config = load_config(CONFIGS / "opd.py")
+  found = plan.plan_run(config, "v5e:2x2")
+  assert found.fits and set(found.costs) == {p.name for p in found.programs}
+  context = _plan._Context(config, "v5e:2x2")
+  assert [s.num_layers for s in context.stacks(config).values()] == [10, 30]
+  # The teacher's forward dominates the score pass: 3x the student's
+  # layers, so more FLOPs than a student forward (a third of its update).
+  assert found.costs["score"].flops > found.costs["update"].flops / 3
 
 
 def test_parameter_bytes_are_each_weights_share_of_the_mesh(demo_plan):
@@ -127,10 +144,12 @@ def test_costs_extrapolate_the_layers_linearly(monkeypatch):
   # at 2 layers 13 and 140; a layer is then 3 and 40, the rest 7 and 60, so
   # 5 layers cost 7 + 5 x 3 = 22 FLOPs and move 60 + 5 x 40 = 260 bytes.
   # The update (4 micro-batches in a scan whose body is counted once, one
-  # optimizer step) is four times that. A 2-layer model is one compile of its whole stack, exact.
+  # optimizer step) is four times that. A 2-layer model is one compile of
+  # its whole stack, exact.
   depths = []
 
-  def fake(config, devices, task, stack):
+  def fake(config, devices, task, stacks):
+    (stack,) = stacks.values()
     depths.append(stack.num_layers)
     assert stack.scan_unroll == stack.num_layers  # unrolled: all counted
     n = stack.num_layers
@@ -141,7 +160,7 @@ def test_costs_extrapolate_the_layers_linearly(monkeypatch):
   monkeypatch.setattr(_plan, "_measured", fake)
   chip = parse_slice("v5e:2x2").chip
   config = _demo("train.microbatches=4")
-  costs = _plan._costs(config, None, None, _Stack(5), chip, 1)
+  costs = _plan._costs(config, None, None, {"policy": _Stack(5)}, chip, 1)
   assert depths == [1, 2]
   assert (costs["score"].flops, costs["score"].bytes_accessed) == (22, 260)
   assert (costs["update"].flops, costs["update"].bytes_accessed) == (88, 1040)
@@ -149,16 +168,61 @@ def test_costs_extrapolate_the_layers_linearly(monkeypatch):
     22 / chip.peak_flops, 260 / chip.hbm_bandwidth
   )
   depths.clear()
-  costs = _plan._costs(config, None, None, _Stack(2), chip, 1)
+  costs = _plan._costs(config, None, None, {"policy": _Stack(2)}, chip, 1)
   assert depths == [2] and costs["score"].flops == 13
   # An unrolled stack's own compiles are whole: no more compiles.
   depths.clear()
   full = [_measured_at("score", 13, 140)]
-  costs = _plan._costs(config, None, None, _Stack(2, 2), chip, 1, full=full)
+  stacks = {"policy": _Stack(2, 2)}
+  costs = _plan._costs(config, None, None, stacks, chip, 1, full=full)
   assert depths == [] and costs["score"].flops == 13
 
 
-@pytest.mark.slow  # two compiles of the demo's programs for a TPU
+def test_a_teachers_layers_are_extrapolated_on_their_own(monkeypatch):
+  # Hand-worked: the score program reads a 10-layer policy and a 30-layer
+  # teacher. A policy layer costs 3 FLOPs, a teacher layer 5, the rest 7:
+  # compiled at (1, 1) layers 15, at (2, 1) 18, at (1, 2) 20; whole:
+  # 15 + 9 x (18 - 15) + 29 x (20 - 15) = 187 = 7 + 10 x 3 + 30 x 5. The
+  # update does not read the teacher (its teacher difference is 0).
+  seen = []
+
+  def fake(config, devices, task, stacks):
+    p, t = stacks["policy"].num_layers, stacks["teacher"].num_layers
+    seen.append((p, t))
+    return None, [
+      _measured_at("score", 7 + 3 * p + 5 * t, 0),
+      _measured_at("update", 7 + 3 * p, 0),
+    ]
+
+  monkeypatch.setattr(_plan, "_measured", fake)
+  chip = parse_slice("v5e:2x2").chip
+  stacks = {"policy": _Stack(10), "teacher": _Stack(30)}
+  costs = _plan._costs(_demo(), None, None, stacks, chip, 1)
+  assert seen == [(1, 1), (2, 1), (1, 2)]
+  assert costs["score"].flops == 187 == 7 + 10 * 3 + 30 * 5
+  assert costs["update"].flops == 7 + 10 * 3
+
+
+def test_a_teachers_pass_is_planned_in_the_score_program():
+  # On-policy distillation reads a frozen 3-layer teacher's log-probs: the
+  # score program takes its weights (one device's shards) and runs it.
+  config = _demo("algorithm.name=opd", "teacher.num_layers=3")
+  context = _plan._Context(config, "v5e:2x2")
+  stacks = context.stacks(config)
+  assert stacks["teacher"].num_layers == 3
+  run, lowered = _plan._lowered(config, context.devices, context.task, stacks)
+  teacher_bytes = _plan._parameter_bytes(run.teacher[1])
+  assert teacher_bytes > 0
+  score = _plan.measure("score", lowered["score"])
+  assert score.argument_bytes >= teacher_bytes and score.flops > 0
+  # Without a teacher the run is refused in one line naming the field.
+  with pytest.raises(UserError, match="teacher=ModelSpec"):
+    _plan._Context(_demo("algorithm.name=opd"), "v5e:2x2").memory(
+      _demo("algorithm.name=opd")
+    )
+
+
+@pytest.mark.tpu  # two compiles of the demo's programs for a TPU
 def test_the_demos_costs_are_its_unrolled_compiles(demo_plan):
   # The 2-layer demo (one micro-batch, one optimizer step) costs exactly
   # what its 2-layer unrolled compile's cost analysis says.
@@ -168,10 +232,32 @@ def test_the_demos_costs_are_its_unrolled_compiles(demo_plan):
     config,
     context.devices,
     context.task,
-    _plan._layers(context.policy_config, 2),
+    {"policy": _plan._layers(context.policy_config, 2)},
   )
   for m in measured:
     assert demo_plan.costs[m.name].flops == pytest.approx(m.flops)
+
+
+@pytest.mark.tpu  # the demo's programs compiled again, micro-batched
+def test_a_micro_batched_update_costs_what_the_whole_batch_does(demo_plan):
+  # XLA's cost analysis counts a loop body once; scaled to its trip count
+  # (`_loop_factor`), 4 micro-batches of the demo's batch cost what one
+  # whole batch does, up to the gradients' accumulation (a few adds).
+  config = _demo("train.microbatches=4")
+  context = _plan._Context(config, "v5e:2x2")
+  stacks = context.stacks(config)
+  _, programs = _plan._measured(config, context.devices, context.task, stacks)
+  costs = _plan._costs(
+    config,
+    context.devices,
+    context.task,
+    stacks,
+    context.slice.chip,
+    1,
+    full=programs,
+  )
+  whole = demo_plan.costs["update"].flops
+  assert costs["update"].flops == pytest.approx(whole, rel=0.02)
 
 
 def test_the_update_loops_are_counted_to_their_trip_counts():
