@@ -9,6 +9,9 @@ run under the Pallas interpreter on CPU. Every schedule implements the
 forward/backward contract of `pallas_kernels._contract`; one custom_vjp makes
 them differentiable. Shape suffixes: N tokens, D width, V vocabulary.
 
+`grouped_matmul` runs a mixture of experts' expert layers on the megablox
+TPU kernel when compiling for a TPU.
+
 This package depends on jax only (it never imports rljax).
 """
 
@@ -20,6 +23,7 @@ from pallas_kernels._dispatch import DEFAULT_BLOCKS
 from pallas_kernels._dispatch import PLATFORMS
 from pallas_kernels._dispatch import SCHEDULES
 from pallas_kernels._dispatch import compile_for
+from pallas_kernels._grouped import grouped_matmul
 
 __all__ = [
   "DEFAULT_BLOCKS",
@@ -28,6 +32,7 @@ __all__ = [
   "SCHEDULES",
   "Stats",
   "compile_for",
+  "grouped_matmul",
   "policy_loss",
   "token_logprob",
 ]

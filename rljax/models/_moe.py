@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+import pallas_kernels
 from rljax.models._config import ModelConfig
 from rljax.sharding._rules import BATCH_AXES
 from rljax.sharding._rules import _axis_size
@@ -89,8 +90,13 @@ def route(
   return weights, experts_TK.astype(jnp.int32)
 
 
-def _grouped(w, name, x_MD, group_sizes_E) -> jax.Array:
-  """``x @ w[name][e]`` for each run of rows of expert e, in x's dtype."""
+def _grouped(w, name, x_MD, group_sizes_E, kernel: bool) -> jax.Array:
+  """``x @ w[name][e]`` for each run of rows of expert e, in x's dtype: the
+  target's kernel (`pallas_kernels.grouped_matmul`: megablox on a TPU)
+  where it may run (one device, or a shard's rows inside `jax.shard_map`),
+  else `jax.lax.ragged_dot`."""
+  if kernel:
+    return pallas_kernels.grouped_matmul(x_MD, w[name], group_sizes_E)
   return jax.lax.ragged_dot(x_MD, w[name].astype(x_MD.dtype), group_sizes_E)
 
 
@@ -104,7 +110,9 @@ def _experts(w, x_TD, experts_TK, num_experts: int) -> jax.Array:
   mesh = jax.sharding.get_abstract_mesh()
   rows, tensor = _mesh_split(mesh, x_TD.shape[0])
   if not (rows or tensor):
-    return _local_experts(weights, x_TD, experts_TK, num_experts)
+    # One device: the kernel; a mesh whose split does not fit: XLA's op.
+    single = mesh.empty or mesh.size == 1
+    return _local_experts(weights, x_TD, experts_TK, num_experts, single)
   return _expert_parallel(mesh, rows, tensor, num_experts)(
     weights, x_TD, experts_TK
   )
@@ -140,7 +148,7 @@ def _expert_parallel(mesh, rows, tensor, num_experts: int):
   }
 
   def local(weights, x_TD, experts_TK):
-    y = _local_experts(weights, x_TD, experts_TK, num_experts)
+    y = _local_experts(weights, x_TD, experts_TK, num_experts, True)
     return jax.lax.psum(y, tensor) if tensor else y
 
   split = rows or None
@@ -152,8 +160,11 @@ def _expert_parallel(mesh, rows, tensor, num_experts: int):
   )
 
 
-def _local_experts(w, x_TD, experts_TK, num_experts: int) -> jax.Array:
-  """[T, K, D] each token's output from each of its K experts.
+def _local_experts(
+  w, x_TD, experts_TK, num_experts: int, kernel: bool
+) -> jax.Array:
+  """[T, K, D] each token's output from each of its K experts (`kernel`: see
+  `_grouped`).
 
   Sorting the T * K slots by expert makes each expert's rows contiguous;
   the inverse permutation puts the results back in slot order.
@@ -163,9 +174,9 @@ def _local_experts(w, x_TD, experts_TK, num_experts: int) -> jax.Array:
   order = jnp.argsort(flat, stable=True)
   sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
   x = x_TD[order // k]  # [T * K, D], rows grouped by expert
-  gate = _grouped(w, "expert_gate", x, sizes)
-  up = _grouped(w, "expert_up", x, sizes)
-  y = _grouped(w, "expert_down", jax.nn.silu(gate) * up, sizes)
+  gate = _grouped(w, "expert_gate", x, sizes, kernel)
+  up = _grouped(w, "expert_up", x, sizes, kernel)
+  y = _grouped(w, "expert_down", jax.nn.silu(gate) * up, sizes, kernel)
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t * k))
   return y[inverse].reshape(t, k, -1)
 
