@@ -157,6 +157,9 @@ def _expert_parallel(mesh, rows, tensor, num_experts: int):
     mesh=mesh,
     in_specs=(specs, P(split, None), P(split, None)),
     out_specs=P(split, None, None),
+    # The megablox kernel's outputs carry no varying-axes type; gradients
+    # are checked equal to one device's (tests/models/moe_test.py).
+    check_vma=False,
   )
 
 
