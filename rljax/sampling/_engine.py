@@ -414,9 +414,14 @@ class Engine(_Scheduler):
           ins = {"in_shardings": self._row_shardings(name, rep)}
       pool = self._pool_sharding()
       outs = {"segment": (pool, pool, rep), "extend": (pool, pool)}[name]
-      self._programs[key] = jax.jit(
+      program = jax.jit(
         make(), donate_argnums=(1, 2), out_shardings=outs, **ins
       )
+      if self.mesh is not None:
+        # Traced in the mesh: the model splits its rows and runs its
+        # kernels (a mixture of experts' grouped matmuls) per shard.
+        program = sharding_lib.InMesh(self.mesh, program)
+      self._programs[key] = program
     return self._programs[key]
 
   def _row_shardings(self, name, rep):
