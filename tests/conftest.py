@@ -70,12 +70,6 @@ SLOW_CASES = {
   "tests/posttrain/runs_test.py::test_cli_dry_runs_each_kind[preference]",
 }
 
-# Parametrized cases in the TPU compile step (`-m tpu`, see pyproject.toml)
-# instead of the default run.
-TPU_CASES = {
-  "tests/plan/plan_test.py::test_each_programs_bytes_are_its_compiled_memory_analysis[update]",
-}
-
 
 # The slow set's longest tests (minutes each on 2 cores), longest first: they
 # start first (see `pytest_configure`).
@@ -113,6 +107,4 @@ def pytest_collection_modifyitems(items):
   for item in items:
     if item.nodeid in SLOW_CASES:
       item.add_marker(pytest.mark.slow)
-    if item.nodeid in TPU_CASES:
-      item.add_marker(pytest.mark.tpu)
   items.sort(key=_rank)  # stable: the rest keep their order

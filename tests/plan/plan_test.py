@@ -22,6 +22,10 @@ pytest.importorskip(
   "libtpu", reason="compiling for a TPU needs libtpu: pip install -e '.[tpu]'"
 )
 
+# Every test here is in the TPU compile step (`-m tpu`; CI runs it after the
+# default run), the longest as well in the slow set.
+pytestmark = pytest.mark.tpu
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 # The demo on v5e:2x2 with fsdp 2 x tensor 2: every weight is split; its
@@ -33,9 +37,7 @@ def _demo(*extra):
   return override(load_config(CONFIGS / "grpo.py"), [*DEMO, *extra])
 
 
-# The demo's programs; the update's compile (three Mosaic kernels) is the
-# long one, and its bytes are checked in the TPU compile step (`-m tpu`,
-# tests/conftest.py).
+# The demo's programs.
 PROGRAMS = ["score", "update", "prefill", "decode_segment"]
 
 
@@ -76,7 +78,7 @@ def _plan_no_cache():
   return _measure._no_persistent_cache()
 
 
-@pytest.mark.tpu  # three compiles of each program: about a minute
+# Three compiles of each program: 57 s alone.
 def test_the_smollm2_config_plans_on_a_v5e_2x2():
   # configs/smollm2_grpo.py as it is (SmolLM2-135M from its GGUF file, 30
   # layers): every program fits a v5e's 16 GiB and holds a cost.
@@ -222,7 +224,7 @@ def test_a_teachers_pass_is_planned_in_the_score_program():
     )
 
 
-@pytest.mark.tpu  # two compiles of the demo's programs for a TPU
+# Two compiles of the demo's programs for a TPU.
 def test_the_demos_costs_are_its_unrolled_compiles(demo_plan):
   # The 2-layer demo (one micro-batch, one optimizer step) costs exactly
   # what its 2-layer unrolled compile's cost analysis says.
@@ -238,7 +240,7 @@ def test_the_demos_costs_are_its_unrolled_compiles(demo_plan):
     assert demo_plan.costs[m.name].flops == pytest.approx(m.flops)
 
 
-@pytest.mark.tpu  # the demo's programs compiled again, micro-batched
+# The demo's programs compiled again, micro-batched.
 def test_a_micro_batched_update_costs_what_the_whole_batch_does(demo_plan):
   # XLA's cost analysis counts a loop body once; scaled to its trip count
   # (`_loop_factor`), 4 micro-batches of the demo's batch cost what one
