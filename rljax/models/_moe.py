@@ -110,8 +110,10 @@ def _experts(w, x_TD, experts_TK, num_experts: int) -> jax.Array:
   mesh = jax.sharding.get_abstract_mesh()
   rows, tensor = _mesh_split(mesh, x_TD.shape[0])
   if not (rows or tensor):
-    # One device: the kernel; a mesh whose split does not fit: XLA's op.
-    single = mesh.empty or mesh.size == 1
+    # One device: the kernel. A mesh whose split does not fit, or a program
+    # traced outside its mesh on several devices (the static sampler): XLA's
+    # op, which it can partition (a Mosaic kernel it cannot).
+    single = mesh.size == 1 if not mesh.empty else jax.device_count() == 1
     return _local_experts(weights, x_TD, experts_TK, num_experts, single)
   return _expert_parallel(mesh, rows, tensor, num_experts)(
     weights, x_TD, experts_TK
