@@ -142,6 +142,7 @@ def test_an_expert_sharded_moe_update_compiles_with_the_kernel():
   from rljax import sharding as rsharding
   from rljax.models import ModelConfig
   from rljax.models import Transformer
+  from rljax.training import _abstract
 
   config = ModelConfig(
     vocab_size=256,
@@ -159,15 +160,8 @@ def test_an_expert_sharded_moe_update_compiles_with_the_kernel():
   devices = _plan.topology_devices(parse_slice("v5e:2x2"))
   mesh = rsharding.make_mesh(1, 2, 2, devices=devices)
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(model)
-  shardings = rsharding.param_shardings(state, mesh)
-  state = jax.tree.map(  # `shardings` holds one per variable
-    lambda s, sub: jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), sub
-    ),
-    shardings,
-    state,
-  )
+  graphdef = nnx.graphdef(model)
+  state = _abstract._placed(model, mesh)  # abstract, sharded as trained
   rows = rsharding.batch_sharding(mesh, 2)
   tokens = jax.ShapeDtypeStruct((8, 64), jnp.int32, sharding=rows)
 
