@@ -6,7 +6,7 @@ the post-training kinds (``kind="sft"``, ``"preference"``, ``"distill"``:
 `rljax.posttrain`), whose runs are Trainers with their own step.
 """
 
-from rljax.training._cli import load_config
+from rljax.training._config_files import load_config
 from rljax.training._config import AlgorithmSpec
 from rljax.training._config import DataSpec
 from rljax.training._config import ModelSpec

@@ -1,7 +1,10 @@
-"""``python -m rljax.training``: see `rljax.training._cli`."""
+"""``python -m rljax.training``: the command line, `rljax.launch`.
 
-import sys
+The command line sits above this package (it dispatches to the
+post-training runs and the planner, which import `rljax.training`), so this
+script runs it as a program rather than importing it.
+"""
 
-from rljax.training._cli import main
+import runpy
 
-sys.exit(main())
+runpy.run_module("rljax.launch", run_name="__main__", alter_sys=True)

@@ -14,7 +14,8 @@ from rljax import algorithms
 from rljax import rollouts
 from rljax import selection
 from rljax.training import RunConfig
-from rljax.training import _cli
+from rljax.launch import _cli
+from rljax.training import _config_files
 from rljax.training import load_config
 from rljax.training import override
 from rljax.training import validate
@@ -192,13 +193,13 @@ def test_every_config_names_files_and_commands_that_exist():
   it reads is in the repository or in its PREREQUISITES, with a command that
   exists and makes it (runs/ is output, absent from a fresh clone)."""
   for file in sorted(CONFIGS.glob("[!_]*.py")):
-    config, prerequisites = _cli._load(file)
+    config, prerequisites = _config_files._load(file)
     validate(config)
     for named in re.findall(
       r"(?:configs|experiments)/\w+\.py", file.read_text()
     ):
       assert (ROOT / named).is_file(), f"{file.name} names {named}"
-    for field, value, path in _cli.inputs(config):
+    for field, value, path in _config_files.inputs(config):
       tracked = (ROOT / path).exists() and not path.startswith("runs/")
       assert tracked or path in prerequisites, (
         f"{file.name}: {field}={value!r} reads {path}, which a fresh clone"
@@ -276,7 +277,7 @@ DRY_RUN_OVERRIDES = {
 DRY_RUN_SHARDS = 4
 _DRY_RUNS = """
 import contextlib, gc, io, json, sys
-from rljax.training import _cli
+from rljax.launch import _cli
 
 for line in sys.stdin:
   args = json.loads(line)
@@ -339,7 +340,7 @@ def _check_dry_run(name, code, stdout, stderr):
 def test_the_named_commands_make_what_dpo_needs(tmp_path):
   """configs/dpo.py's PREREQUISITES, run as named (smaller) from a fresh
   clone, make what its dry run then needs."""
-  _, prerequisites = _cli._load(CONFIGS / "dpo.py")
+  _, prerequisites = _config_files._load(CONFIGS / "dpo.py")
   small = {
     "configs/sft.py": ["train.steps=2", "train.eval_prompts=8"],
     "experiments/dpo_demo.py": ["--pairs", "16", "--held_out", "8"],
@@ -368,7 +369,7 @@ def test_the_named_commands_make_what_dpo_needs(tmp_path):
 
 
 def test_a_dry_run_runs_one_step_of_the_warm_start(capsys):
-  config, _ = _cli._load(CONFIGS / "grpo.py")
+  config, _ = _config_files._load(CONFIGS / "grpo.py")
   assert config.train.warm_start_steps == 800
   dry = _cli._dry_run_config(config)
   assert dry.train.warm_start_steps == 1
