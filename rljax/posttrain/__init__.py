@@ -5,7 +5,7 @@ optimisation (offline and online) and distillation (GKD), with their data
 
 ``python -m rljax.training --config configs/sft.py`` runs any kind (the
 config's ``kind``); `run_for` picks the class from Python. Each run is a
-`rljax.training.Trainer` with its own step, so the mesh, checkpoints
+`rljax.training.Runner` with its own step, so the mesh, checkpoints
 (exact resume), logging, evaluation, dry run and CLI are shared.
 
 Records are dicts: chat ``{"messages": [...]}``, ``{"prompt",

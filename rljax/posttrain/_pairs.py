@@ -33,6 +33,7 @@ from rljax.posttrain._run import gather
 from rljax.posttrain._run import layout
 from rljax.training import _hosts
 from rljax.training import _rollout
+from rljax.training import _trainer_report
 from rljax.training._step import Sequences
 from rljax.training._step import completion_logprobs
 
@@ -427,7 +428,7 @@ class PreferenceRun(PostTrainer):
 
   def _write_rollouts(self, writer, step: int) -> None:
     if self.online:
-      super(PostTrainer, self)._write_rollouts(writer, step)
+      _trainer_report.write_rollouts(writer, step, self._last)
 
 
 def identical_pair(record) -> bool:

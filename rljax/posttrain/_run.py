@@ -1,9 +1,9 @@
-"""What the post-training runs share with the RL `Trainer`, and their update.
+"""The base of the post-training runs, and their update.
 
-A post-training run is a `Trainer` whose step is its own: the mesh, the
-policy and tokenizer, the task's evaluation, checkpoints (the data position
-is the prompt sampler's state, over the run's records), the run lock,
-logging, the progress bar, plots and the CLI are the Trainer's. Its
+A post-training run is a `rljax.training.Runner` whose step is its own:
+the mesh, the policy and tokenizer, the task's evaluation, checkpoints (the
+data position is the prompt sampler's state, over the run's records), the
+run lock, logging, the progress bar, plots and the CLI are the Runner's. Its
 objective is a sum over examples (or tokens) whose gradient is accumulated
 over blocks of a fixed shape and divided by the global count once, so the
 update is the same however the examples are split into blocks, packed into
@@ -25,13 +25,10 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from rljax import aggregate
 from rljax import checkpoints
 from rljax import sharding
 from rljax import tasks
-from rljax._src.base import Algorithm
 from rljax._src.base import Mean
-from rljax._src.base import chain
 from rljax._src.errors import UserError
 from rljax.models import _lora
 from rljax.models import merge_lora
@@ -39,14 +36,11 @@ from rljax.models import save_peft
 from rljax.posttrain import _data
 from rljax.training import _hosts
 from rljax.training._config import RunConfig
+from rljax.training._runner import Runner
 from rljax.training._step import _keep_if
 from rljax.training._step import all_finite
-from rljax.training._trainer import Trainer
 from rljax.training._trainer_setup import from_config
 from rljax.training._validate import validate
-
-# Post-training runs take no RL algorithm: their objective is their own.
-NO_ALGORITHM = Algorithm(chain(), aggregate.token_mean)
 
 
 def records(
@@ -130,9 +124,9 @@ def _no_records(config: RunConfig, kinds: Sequence[str]) -> str:
   return message + "."
 
 
-class PostTrainer(Trainer):
+class PostTrainer(Runner):
   """The base of the post-training runs (`SFTRun`, `PreferenceRun`,
-  `DistillRun`); see `rljax.training.Trainer` for the arguments they share.
+  `DistillRun`); see `rljax.training.Runner` for the arguments they share.
 
   ``records``: the training records in code (dicts, see `rljax.posttrain`)
   instead of those ``config.data`` names. Subclasses implement `step`.
@@ -170,7 +164,7 @@ class PostTrainer(Trainer):
     # The run's records are the "training set" the prompt sampler walks, so
     # the data position is checkpointed and a resume is exact.
     task = dataclasses.replace(task, train=grain.MapDataset.source(records))
-    super().__init__(config, algorithm=NO_ALGORITHM, task=task, **kwargs)
+    super().__init__(config, task=task, **kwargs)
     self._grads = {}
 
   def _record_kinds(self, config: RunConfig) -> tuple[str, ...]:
@@ -189,7 +183,7 @@ class PostTrainer(Trainer):
     return records
 
   def _needs(self) -> dict[str, bool]:
-    needs = dict.fromkeys(super()._needs(), False)
+    needs = super()._needs()
     needs["ref_logp_PGT"] = self._uses_reference()
     needs["teacher_logp_PGT"] = self._uses_teacher()
     return needs
@@ -352,10 +346,7 @@ class PostTrainer(Trainer):
   def _write_rollouts(self, writer, step: int) -> None:
     """Offline runs sample nothing to write."""
 
-  def dry_run(self) -> dict[str, Any]:
-    """One step at the run's shapes (compile included), timed, and the
-    memory of its compiled gradient program (XLA's analysis)."""
-    start = time.perf_counter()
-    metrics = self.step(self.start_step)
+  def _compiled_step(self):
+    """The last step's gradient program, compiled (`dry_run`)."""
     grad_fn, *args = self._last_call
-    return self._dry_run_report(start, grad_fn.lower(*args).compile(), metrics)
+    return grad_fn.lower(*args).compile()

@@ -3,10 +3,10 @@
 ``python -m rljax.training --config configs/grpo.py train.steps=20`` runs
 a config; `Trainer` is the same loop from Python. The same command runs
 the post-training kinds (``kind="sft"``, ``"preference"``, ``"distill"``:
-`rljax.posttrain`), whose runs are Trainers with their own step.
+`rljax.posttrain`). Every kind is a `Runner` (what runs share: mesh,
+checkpoints, logs, evaluation, the loop) with its own step.
 """
 
-from rljax.training._config_files import load_config
 from rljax.training._config import AlgorithmSpec
 from rljax.training._config import DataSpec
 from rljax.training._config import ModelSpec
@@ -18,6 +18,7 @@ from rljax.training._config import SandboxSpec
 from rljax.training._config import TaskSpec
 from rljax.training._config import TrainSpec
 from rljax.training._config import override
+from rljax.training._config_files import load_config
 from rljax.training._precision import MasterWeightsState
 from rljax.training._precision import master_weights
 from rljax.training._rollout import Scored
@@ -30,6 +31,7 @@ from rljax.training._step import ValueState
 from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
 from rljax.training._step import update
+from rljax.training._runner import Runner
 from rljax.training._trainer import Trainer
 from rljax.training._validate import validate
 
@@ -43,6 +45,7 @@ __all__ = [
   "OutputSpec",
   "PolicyState",
   "RunConfig",
+  "Runner",
   "SamplerSpec",
   "SandboxSpec",
   "Scored",

@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import pathlib
 import re
+from typing import Optional
 
 from flax import nnx
 import jax
@@ -257,15 +258,15 @@ def init_state(
   reference: bool,
   critic,
   models,
-  algorithm: Algorithm,
+  algorithm: Optional[Algorithm],
   mesh,
 ) -> tuple[TrainState, TrainState]:
   """The train state placed on `mesh`, and its shardings (jit in/out).
 
   Parameters go where the logical-axis rules say; optimizer states are
   built by a jitted ``init`` whose outputs are placed like their
-  parameters (`opt_state_shardings`). The algorithm state and step are
-  replicated.
+  parameters (`opt_state_shardings`). The algorithm state (empty without
+  one) and step are replicated.
   """
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
@@ -294,7 +295,9 @@ def init_state(
         models.optimizer.init,
         out_shardings=opt_state_shardings(models.optimizer, trained),
       )(trained),
-      algo_state=jax.device_put(algorithm.init(), replicated),
+      algo_state=jax.device_put(
+        () if algorithm is None else algorithm.init(), replicated
+      ),
       step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
     ),
     # The reference is the initial policy (a copy: updates are functional,

@@ -193,3 +193,15 @@ def _state_mib(state) -> dict[str, float]:
   mib = {k: _precision.tree_bytes(v) / 2**20 for k, v in parts.items()}
   mib["total"] = sum(mib.values())
   return {k: round(v, 3) for k, v in mib.items()}
+
+
+def write_rollouts(writer, step: int, scored) -> None:
+  """A scored rollout's prompts, completions and total scores to a
+  `monitoring.RolloutWriter` (which keeps every n-th step)."""
+  g = scored.rewards_PG.shape[1]
+  writer.maybe_write(
+    step,
+    [p for p in scored.prompts for _ in range(g)],
+    scored.completions,
+    np.asarray(scored.scores.total_N),
+  )

@@ -159,11 +159,12 @@ def _train_argv(script: str) -> list[str]:
 def _check_train(argv, *, devices=None, processes=1, distributed=None):
   """Parse `python -m rljax.training` arguments as the CLI does (no run) and
   check the batch / mesh / model divisibility the page teaches."""
-  from rljax.training import _cli
+  from rljax import training
+  from rljax.launch import _cli
 
   args = _cli._parser().parse_args(argv)
-  config = _cli.override(
-    _cli.load_config(str(ROOT / args.config)), args.overrides
+  config = training.override(
+    training.load_config(str(ROOT / args.config)), args.overrides
   )
   if distributed is not None:
     assert args.distributed == distributed, argv
@@ -239,7 +240,7 @@ def test_the_page_walks_through_every_step():
 
 @pytest.mark.parametrize("argv", TRAIN_CALLS, ids=_id)
 def test_train_commands_on_the_page_parse(argv):
-  from rljax.training import _cli
+  from rljax.launch import _cli
 
   args = _cli._parser().parse_args(argv[3:])
   if args.plan:  # a plan runs on any one machine, for the slice it names

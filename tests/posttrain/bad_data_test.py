@@ -12,7 +12,7 @@ from rljax._src.errors import UserError
 from rljax.posttrain import _run
 from rljax.training import DataSpec
 from rljax.training import _build
-from rljax.training import _cli
+from rljax.launch import _cli
 
 TINY = [
   "model.hidden_size=32",

@@ -22,7 +22,7 @@ from rljax.training import SamplerSpec
 from rljax.training import TaskSpec
 from rljax.training import TrainSpec
 from rljax.training import _build
-from rljax.training import _cli
+from rljax.launch import _cli
 
 
 def _config(tmp_path, kind="sft", **sections) -> RunConfig:
