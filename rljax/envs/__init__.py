@@ -45,6 +45,7 @@ Reward functions see the ``_PG`` arrays in ``Samples.extra``
 (`rljax.rewards.episode_return` reads the return).
 """
 
+from rljax import rollouts
 from rljax.envs._base import Action
 from rljax.envs._base import Content
 from rljax.envs._base import Environment
@@ -75,6 +76,9 @@ from rljax.envs._strategy import EpisodeRollouts
 from rljax.envs._tools import ToolEnvironment
 
 STRATEGIES = {"episodes": EpisodeRollouts, **TREE_STRATEGIES}
+# `rljax.rollouts.get` builds them by name (``sampler.groups``): rollouts
+# does not import this package, which builds on it.
+rollouts.register(STRATEGIES)
 
 __all__ = [
   "STRATEGIES",

@@ -8,9 +8,9 @@ from rljax.models._logprobs import grouped_completion_logprobs
 from rljax.models._logprobs import token_logprobs
 from rljax.models._lora import LORA_TARGETS
 from rljax.models._lora import add_lora
-from rljax.models._lora import merge_lora
 from rljax.models._lora import quantize_base
 from rljax.models._lora import save_peft
+from rljax.models._merge import merge_lora
 from rljax.models._moe import Routing
 from rljax.models._moe import load_balancing_loss
 from rljax.models._moe import moe_mlp

@@ -2,12 +2,13 @@
 
 An adapted projection computes ``x W + (x A) B * (alpha / r)`` on the
 activations (`rljax.models._transformer._proj`); W + A B is never formed
-while training or sampling, only by `merge_lora` at export. A and B are
-`nnx.LoRAParam` attributes of the `Layers` module, stacked on the layer axis
-like the base weights: ``{name}_lora_a`` [L, *in, r] and ``{name}_lora_b``
-[L, r, *out] (qwix's names), with ``lora_scale`` [L] holding alpha / r. A
-starts random (He-uniform, as PEFT's Kaiming init), B at zero, so a fresh
-adapter leaves the model's outputs exactly as they were.
+while training or sampling, only by `merge_lora` at export (in `_merge`: it
+builds a `Transformer`, and `_transformer` imports this module). A and B
+are `nnx.LoRAParam` attributes of the `Layers` module, stacked on the layer
+axis like the base weights: ``{name}_lora_a`` [L, *in, r] and
+``{name}_lora_b`` [L, r, *out] (qwix's names), with ``lora_scale`` [L]
+holding alpha / r. A starts random (He-uniform, as PEFT's Kaiming init), B
+at zero, so a fresh adapter leaves the model's outputs exactly as they were.
 
 QLoRA (`quantize_base`) stores each adapted base matrix as int8 with one
 float32 scale per output channel (symmetric absmax: ``q = round(127 W /
@@ -225,45 +226,6 @@ def has_adapters(model) -> bool:
 
 def _adapted(layers):
   return [n for n in PROJECTIONS if hasattr(layers, f"{n}_lora_a")]
-
-
-def _delta_weight(layers, name) -> jax.Array:
-  """[L, *in, *out] alpha / r * A B (float32)."""
-  a = getattr(layers, f"{name}_lora_a")[...].astype(jnp.float32)
-  b = getattr(layers, f"{name}_lora_b")[...].astype(jnp.float32)
-  n, r = a.shape[0], a.shape[-1]
-  # One [in, r] x [r, out] product per layer (batched over L).
-  ab = jnp.einsum(
-    "lir,lro->lio", a.reshape(n, -1, r), b.reshape(n, r, -1)
-  ).reshape(a.shape[:-1] + b.shape[2:])
-  scale = layers.lora_scale[...].reshape((-1,) + (1,) * (ab.ndim - 1))
-  return ab * scale
-
-
-def merge_lora(model):
-  """A plain `Transformer` with W + alpha / r A B (base dequantized): what
-  `rljax.checkpoints.save_hf` exports. `model` is left as it is."""
-  from rljax.models._transformer import Transformer
-
-  layers = model.layers
-  plain = nnx.eval_shape(lambda: Transformer(model.config, rngs=nnx.Rngs(0)))
-  for path, value in nnx.to_flat_state(nnx.state(plain)):
-    source = model
-    for key in path[:-1]:
-      source = getattr(source, key)
-    name = path[-1]
-    array = getattr(source, name)[...]
-    if source is layers and name in PROJECTIONS:
-      w = {name: array}
-      if hasattr(layers, f"{name}_qscale"):
-        w[f"{name}_qscale"] = getattr(layers, f"{name}_qscale")[...]
-      dtype = model.config.param_dtype
-      array = base_weight(w, name, jnp.float32)
-      if hasattr(layers, f"{name}_lora_a"):
-        array = array + _delta_weight(layers, name)
-      array = array.astype(dtype)
-    value.set_value(jnp.asarray(array))
-  return plain
 
 
 _PEFT_MODULES = {

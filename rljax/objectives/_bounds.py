@@ -29,6 +29,9 @@ from rljax.losses._offpolicy import ratio_pg
 from rljax.losses._policy import _LOG_RATIO_CLAMP
 from rljax.objectives._policy import _add_policy
 from rljax.objectives._policy import policy
+from rljax.transforms._bounds import ETR_EPS_HIGH
+from rljax.transforms._bounds import ETR_EPS_LOW
+from rljax.transforms._bounds import HAPO_SCORES
 
 
 def _scalar(x) -> Mean:
@@ -290,10 +293,8 @@ def dispo(
 
 
 # --------------------------------------------------------------------------
-# ETR, HAPO-het: bounds from a batch stage, through Batch.extra.
-
-ETR_EPS_LOW = "etr_eps_low_PG"
-ETR_EPS_HIGH = "etr_eps_high_PG"
+# ETR, HAPO-het: bounds from a batch stage, through Batch.extra (its keys,
+# `ETR_EPS_LOW`, `ETR_EPS_HIGH`, `HAPO_SCORES`, are the batch stage's).
 
 
 def etr(
@@ -335,9 +336,6 @@ def etr(
     prepare=lambda batch, state: (batch, state),
     apply=apply,
   )
-
-
-HAPO_SCORES = "hapo_entropy_scores_PGT"
 
 
 def hapo_het(

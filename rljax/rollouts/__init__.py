@@ -6,7 +6,8 @@ temperature, a given completion) and asks for replacements after scoring
 (hints for groups that all failed, replayed successes). The trainer
 samples every round with the rollout engine and records each sample's
 recipe in ``Batch.extra["stream_PG"]``. Configs name strategies
-(``sampler.groups``, `get`).
+(``sampler.groups``, `get`); packages that build on this one add theirs
+with `register` (``import rljax.envs`` adds the agent strategies).
 """
 
 from rljax.rollouts._anytime import AnytimeBudgets
@@ -54,6 +55,7 @@ from rljax.rollouts._strategies import TemperatureStream
 from rljax.rollouts._strategies import TieredHints
 from rljax.rollouts._strategies import get
 from rljax.rollouts._strategies import icpo_demonstrations
+from rljax.rollouts._strategies import register
 from rljax.rollouts._trees import TreeRollouts
 from rljax.rollouts._trees import divergence_forks
 from rljax.rollouts._trees import sample_trees
@@ -98,6 +100,7 @@ __all__ = [
   "icpo_demonstrations",
   "ngram_similarity",
   "recombine",
+  "register",
   "sample_chunks",
   "sample_continuations",
   "sample_anytime",

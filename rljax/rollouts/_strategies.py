@@ -541,14 +541,37 @@ STRATEGIES = {
 }
 
 
-def get(name: str, **kwargs) -> GroupStrategy:
-  """A group strategy by name (``sampler.groups`` in a config), including
-  the agent strategies of `rljax.envs` (``"episodes"``, ...)."""
-  from rljax import envs  # noqa: PLC0415 - envs builds on this package
+# The strategies of packages that build on this one (the agent strategies
+# of `rljax.envs`): they `register` them when imported, since this package
+# never imports them.
+_REGISTERED: dict[str, Callable[..., GroupStrategy]] = {}
 
-  known = {**STRATEGIES, **envs.STRATEGIES}
-  if name not in known:
+
+def register(strategies: Mapping[str, Callable[..., GroupStrategy]]) -> None:
+  """Let `get` build more group strategies by name (``sampler.groups``).
+
+  A package that builds on this one registers its strategies when it is
+  imported: ``import rljax.envs`` registers the agent strategies
+  (``"episodes"``, ``"arpo"``, ...; the trainer imports `rljax.envs`). A
+  name of `STRATEGIES` cannot be registered; registering a name again
+  replaces its factory.
+  """
+  taken = sorted(set(strategies) & set(STRATEGIES))
+  if taken:
     raise ValueError(
-      f"unknown group strategy {name!r}; known: {sorted(known)}."
+      f"group strategies {taken} are built in (STRATEGIES); use other names."
+    )
+  _REGISTERED.update(strategies)
+
+
+def get(name: str, **kwargs) -> GroupStrategy:
+  """A group strategy by name (``sampler.groups`` in a config): one of
+  `STRATEGIES` or a `register`ed one, e.g. the agent strategies of
+  `rljax.envs` (``"episodes"``, ...) once ``rljax.envs`` is imported."""
+  known = {**STRATEGIES, **_REGISTERED}
+  if name not in known:
+    hint = "" if _REGISTERED else "; import rljax.envs for the agent ones"
+    raise ValueError(
+      f"unknown group strategy {name!r}; known: {sorted(known)}{hint}."
     )
   return known[name](**kwargs)

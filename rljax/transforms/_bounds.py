@@ -20,9 +20,6 @@ from rljax._src.base import _keep_terms
 from rljax._src.base import stateless_prepare
 from rljax._src.tables import PromptTable
 from rljax.losses import _bounds as L
-from rljax.objectives._bounds import ETR_EPS_HIGH
-from rljax.objectives._bounds import ETR_EPS_LOW
-from rljax.objectives._bounds import HAPO_SCORES
 from rljax.transforms._advantages import sequence_rewards
 
 
@@ -86,6 +83,11 @@ def dcpo_sas_advantages(num_prompts: int) -> Transform:
 # ---------------------------------------------------------------------------
 # ETR (arXiv 2601.03723).
 
+# The ``Batch.extra`` keys `etr_bounds` writes and `rljax.objectives.etr`
+# reads (objectives import them from here: transforms never import objectives).
+ETR_EPS_LOW = "etr_eps_low_PG"
+ETR_EPS_HIGH = "etr_eps_high_PG"
+
 
 def etr_bounds(
   *,
@@ -128,6 +130,10 @@ def etr_bounds(
 
 # ---------------------------------------------------------------------------
 # HAPO-het (arXiv 2509.16591).
+
+# The ``Batch.extra`` key `hapo_entropy_scores` writes and
+# `rljax.objectives.hapo_het` reads.
+HAPO_SCORES = "hapo_entropy_scores_PGT"
 
 
 def hapo_entropy_scores(

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax import envs
 from rljax import models
 from rljax import rollouts
 from rljax import sampling
@@ -376,3 +377,12 @@ def test_trainer_samples_trees(tmp_path):
       testing.tiny_run_config(CONFIG, tmp_path / "b", "train.steps=1"),
       groups=rollouts.TreeRollouts(branching=(2, 2, 2), segment=2),
     ).step(0)
+
+
+def test_get_builds_registered_strategies_and_register_keeps_built_ins():
+  # `import rljax.envs` registered the agent strategies.
+  assert isinstance(rollouts.get("episodes"), envs.EpisodeRollouts)
+  assert "episodes" not in rollouts.STRATEGIES
+  with pytest.raises(ValueError, match=r"\['tree'\] are built in"):
+    rollouts.register({"tree": envs.EpisodeRollouts})
+  assert isinstance(rollouts.get("tree"), rollouts.TreeRollouts)
