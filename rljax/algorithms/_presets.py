@@ -51,16 +51,24 @@ def _ppo_clip(eps_low: float, eps_high: float) -> Transform:
   return objectives.policy(losses.ppo_clip, eps_low=eps_low, eps_high=eps_high)
 
 
-def grpo(*, eps: float = 0.2, kl_coef: float = 0.0) -> Algorithm:
+def grpo(
+  *, eps: float = 0.2, kl_coef: float = 0.0, tis_cap: Optional[float] = None
+) -> Algorithm:
   """GRPO (arXiv 2402.03300): group mean/std advantages, PPO clip, each
   sequence's token mean averaged over sequences; k3 KL in the loss when
-  ``kl_coef`` > 0 (the paper used 0.04; TRL's default is 0)."""
+  ``kl_coef`` > 0 (the paper used 0.04; TRL's default is 0).
+
+  ``tis_cap``: the off-policy correction of an asynchronous run
+  (``train.async_mode``; verl's ``rollout_is=token``): each token's policy
+  term weighed by exp(old - rollout log-prob) truncated at ``tis_cap``
+  (`transforms.token_tis`), the ratio of the weights the update starts
+  from to those that sampled it. None: off (a synchronous run's ratio is
+  the sampler's numerical mismatch only)."""
+  stages = [transforms.group_advantages(advantages.grpo)]
+  if tis_cap is not None:
+    stages.append(transforms.token_tis(threshold=tis_cap))
   return Algorithm(
-    chain(
-      transforms.group_advantages(advantages.grpo),
-      _ppo_clip(eps, eps),
-      *_kl_loss(kl_coef),
-    ),
+    chain(*stages, _ppo_clip(eps, eps), *_kl_loss(kl_coef)),
     aggregate.seq_mean_token_mean,
   )
 

@@ -22,6 +22,7 @@ from rljax.training._config_files import load_config
 from rljax.training._precision import MasterWeightsState
 from rljax.training._precision import master_weights
 from rljax.training._rollout import Scored
+from rljax.training._runner import Runner
 from rljax.training._step import Models
 from rljax.training._step import PolicyState
 from rljax.training._step import Sequences
@@ -31,7 +32,6 @@ from rljax.training._step import ValueState
 from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
 from rljax.training._step import update
-from rljax.training._runner import Runner
 from rljax.training._trainer import Trainer
 from rljax.training._validate import validate
 

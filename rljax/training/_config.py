@@ -167,6 +167,17 @@ class TrainSpec:
   # policy (ProRL's reference resets, ReMix's reincarnated base); needs an
   # algorithm that reads the reference.
   reference_resets: tuple = ()
+  # Rollout and update overlap (`rljax.pipeline`): "sync" samples each
+  # step's rollout with the current weights, then updates; "one_step_off"
+  # samples step n + 1's rollout while step n trains, with the weights of
+  # step n - 1 (one update stale, deterministic); "async" keeps a producer
+  # working ahead with the newest weights, at most max_staleness updates
+  # old when a rollout trains (0: the sync run, bit for bit). queue_order:
+  # which ready rollout trains first, "oldest" or "freshest" (the ones left
+  # behind are dropped, and counted, once older than max_staleness).
+  async_mode: str = "sync"
+  max_staleness: int = 1
+  queue_order: str = "oldest"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -330,6 +330,10 @@ class Runner(abc.ABC):
     (`_trainer_rollouts.RunSampler.episodes`); this process's rows."""
     return self._sampling.episodes(self.policy(), examples, key, **kwargs)
 
+  def _global(self, tree):
+    """Global arrays from this process's rows of a training batch."""
+    return _hosts.to_global(tree, self.mesh, self.config.train.prompts_per_step)
+
   def reference_params(self):
     """The reference policy's whole `nnx.State` (with LoRA: the policy's
     frozen base with the reference's adapters, zero unless reset)."""

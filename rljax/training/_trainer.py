@@ -18,7 +18,6 @@ from typing import Any, Optional
 
 from flax import nnx
 import jax
-import numpy as np
 
 from rljax import rollouts
 from rljax import selection
@@ -28,12 +27,12 @@ from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import finalize
 from rljax.training import _build
-from rljax.training import _hosts
+from rljax.training import _overlap
+from rljax.training import _produce
 from rljax.training import _rollout
 from rljax.training import _runner
 from rljax.training import _trainer_batch
 from rljax.training import _trainer_report
-from rljax.training import _trainer_rollouts
 from rljax.training import _trainer_setup
 from rljax.training._config import RunConfig
 from rljax.transforms import kept_groups
@@ -117,6 +116,7 @@ class Trainer(_runner.Runner):
   def _build(self, resume, task, rewards, teacher) -> None:
     super()._build(resume, task, rewards, teacher)
     self._build_programs()
+    self._overlap = _overlap.Overlap(self.config)
 
   def _build_programs(self) -> None:
     """The jitted update and scoring passes (`_trainer_batch.Programs`),
@@ -141,72 +141,22 @@ class Trainer(_runner.Runner):
       )
     )
 
-  def _next_prompts(self) -> _trainer_rollouts.Prompts:
-    """The prompt sampler's next global batch (this process's rows of it),
-    and the step's temperature."""
-    c = self.config
-    size = batch = c.train.prompts_per_step
-    if self.groups is not None:  # it may carry groups over from past steps
-      size = int(self.groups.new_prompts(batch, self.groups_state))
-    if size == 0:
-      self._temperature = c.sampler.temperature
-      return _trainer_rollouts.no_prompts()
-    chosen, self.prompt_state = self.prompt_sampler.select(
-      self.prompt_state, self._step, size
-    )
-    chosen = _trainer_rollouts.checked_selection(
-      c, chosen, size, self.prompt_sampler, len(self.task.train)
-    )
-    ids = chosen.prompt_ids[self.rows] if size == batch else chosen.prompt_ids
-    examples = [self.task.train[int(i)] for i in ids]
-    settings = chosen.settings or {}
-    # The step's temperature: sampling, scoring and the update use it.
-    self._temperature = settings.get("temperature", c.sampler.temperature)
-    return _trainer_rollouts.Prompts(
-      list(ids), examples, chosen.num_samples, settings, chosen
-    )
-
-  def _train_sample(self, prompts: _trainer_rollouts.Prompts, key):
-    """The scored rollout of the step's `prompts` (by the group strategy,
-    when the run has one)."""
-    if self.groups is None:
-      settings = _trainer_rollouts.sample_settings(
-        self.config, prompts, self.prompt_sampler.max_samples
-      )
-      return self._sample(
-        prompts.examples, key, temperature=self._temperature, **settings
-      )
-    scored, self.groups_state = self._sampling.strategy_groups(
-      self.policy(),
-      self.groups_state,
-      prompts,
-      key,
-      step=self._step,
-      temperature=self._temperature,
-    )
-    return scored
-
-  def _feedback(self, scored) -> None:
-    """Tell the prompt sampler how the rollout scored (every process the
-    same global batch)."""
-    feedback = _trainer_rollouts.feedback(
-      scored, self.mesh, self.config.train.prompts_per_step, self._step
-    )
-    self.prompt_state = self.prompt_sampler.update(self.prompt_state, feedback)
-
   # --- one iteration --------------------------------------------------------
 
   def step(self, step: int) -> dict[str, float]:
-    """One RL iteration; returns its metrics as floats."""
+    """One RL iteration: take the step's rollout (`_produce`; produced now,
+    or ahead of time in an asynchronous run), score it under the current
+    weights, prepare and update; returns its metrics as floats."""
     key = jax.random.fold_in(jax.random.key(self.config.train.seed), step)
     start = time.perf_counter()
     self._step = step
     if step in self.config.train.reference_resets:
       self._reset_reference()
-    prompts = self._next_prompts()
-    scored, refills, num_kept = self._fill(prompts, jax.random.fold_in(key, 0))
-    seqs = self._global(_rollout.sequences(scored.rollout))
-    batch = self._step_batch(scored, seqs)
+    taken = self._take(step)
+    r = self._last_rollout = taken.produced.value
+    self._temperature = r.temperature
+    seqs = self._global(_rollout.sequences(r.scored.rollout))
+    batch = self._step_batch(r, seqs)
     batch, algo_state = self._prepare(
       batch, self.state.policy.algo_state, jax.random.fold_in(key, 2)
     )
@@ -221,79 +171,69 @@ class Trainer(_runner.Runner):
     self.state, metrics = update(
       self.state, seqs, batch, jax.random.fold_in(key, 1)
     )
+    self._publish(step + 1)
     out = {k: float(v) for k, v in jax.device_get(finalize(metrics)).items()}
     self._check_finite(step, out)
     _trainer_report.add_summary_names(out)
     out.update(
       _trainer_report.rollout_metrics(
-        scored,
-        refills,
-        num_kept,
+        r.scored,
+        r.refills,
+        r.num_kept,
         rows=len(self.rows),
         prompts_per_step=self.config.train.prompts_per_step,
       )
     )
     out["seconds"] = time.perf_counter() - start
-    self._last = scored
+    out.update(self._overlap.metrics(taken, out["seconds"]))
+    self._last = r.scored
     return out
 
-  def _fill(self, prompts, key):
-    """A rollout batch, refilled while the algorithm's filters drop groups.
+  def _take(self, step: int):
+    """The step's rollout from the run's pipeline (started at the run's
+    first step, or anew when steps do not follow on); its prompt sampler's
+    and group strategy's states become the run's (checkpointed)."""
+    if self._overlap.next_step != step:
+      self._overlap.start(self._producer(), step, self._weights())
+    taken = self._overlap.take(step)
+    r = taken.produced.value
+    self.prompt_state, self.groups_state = r.prompt_state, r.groups_state
+    return taken
 
-    Kept groups come first; when ``max_refills`` runs out the batch is
-    completed with dropped groups, which the filter masks out again. Each
-    process fills its own rows; all refill until every process is full
-    (sampling is a collective, so they must agree on the count).
-    """
-    p = len(self.rows)
-    pool, kept, dropped = [], [], []
-    for attempt in range(self.config.train.max_refills + 1):
-      if attempt:
-        prompts = self._next_prompts()
-      key_attempt = jax.random.fold_in(key, attempt)
-      scored = self._train_sample(prompts, key_attempt)
-      self._feedback(scored)
-      batch = self._with_old(self._raw_batch(scored))
-      keep = _hosts.to_local(
-        self._keep(batch, self.state.policy.algo_state, key_attempt),
-        self.mesh,
-      )
-      offset = sum(len(s.prompts) for s in pool)
-      pool.append(scored)
-      kept += [offset + i for i in np.flatnonzero(keep)]
-      dropped += [offset + i for i in np.flatnonzero(keep == 0)]
-      if not _hosts.process_sum(np.int32(len(kept) < p)):
-        break
-    order = np.asarray((kept + dropped)[:p])
-    return _rollout.take_groups(pool, order), attempt, min(len(kept), p)
+  def _producer(self) -> _produce.Producer:
+    """The producer of the run's rollouts, from the run's current state."""
+    return _produce.Producer(self)
 
-  def _global(self, tree):
-    """Global arrays from this process's rows of a training batch."""
-    return _hosts.to_global(tree, self.mesh, self.config.train.prompts_per_step)
+  def _weights(self):
+    """What the producer samples with: the policy's weights and the
+    algorithm state (its filters read it)."""
+    return (self.state.policy.params, self.state.policy.algo_state)
+
+  def _publish(self, version: int) -> None:
+    """The updated weights, to the pipeline's producer."""
+    self._overlap.publish(version, self._weights())
+
+  def run(self, *, steps: Optional[int] = None) -> dict[str, Any]:
+    """`Runner.run`; an asynchronous run's producer stops at the end."""
+    try:
+      return super().run(steps=steps)
+    finally:
+      self._overlap.close()
 
   def _raw_batch(self, scored) -> Batch:
     """The global batch of a scored rollout (this process's rows)."""
     return self._global(_trainer_batch.raw_batch(scored, self.annotate))
 
-  def _step_batch(self, scored, seqs) -> Batch:
+  def _step_batch(self, r: _produce.Rollout, seqs) -> Batch:
     """The batch the algorithm prepares: the rollout's, the old policy's
-    fields and, for ReMax, the greedy baseline."""
-    batch = self._with_old(self._raw_batch(scored), seqs)
-    if self.needs["baseline_rewards_P"]:
-      batch = batch._replace(baseline_rewards_P=self._greedy_rewards(scored))
+    fields (under the current weights) and, for ReMax, the baseline."""
+    batch = self._with_old(self._raw_batch(r.scored), seqs)
+    if r.baseline_rewards is not None:
+      batch = batch._replace(baseline_rewards_P=r.baseline_rewards)
     return batch
 
-  def _greedy_rewards(self, scored) -> jax.Array:
-    """ReMax's baseline: the reward of each prompt's greedy completion."""
-    greedy = self._sample(scored.examples, jax.random.key(0), greedy=True)
-    return self._global(greedy.rewards_PG[:, 0])
-
-  def _with_old(self, batch: Batch, seqs=None) -> Batch:
+  def _with_old(self, batch: Batch, seqs) -> Batch:
     """Old, reference and value estimates the algorithm reads."""
-    if seqs is None:  # filter pass: stand-ins (filters read rewards only)
-      return _trainer_batch.with_stand_ins(
-        batch, self.needs, self.algorithm.rescores
-      )
     teacher = None if self.teacher is None else self.teacher[1]
     score = self._programs.score_at(self._temperature)
     scores = dict(score(self.state, teacher, seqs))
@@ -302,7 +242,7 @@ class Trainer(_runner.Runner):
   def _compiled_step(self):
     """The update, compiled at the last step's full shapes (`dry_run`)."""
     seqs = self._global(_rollout.sequences(self._last.rollout))
-    batch = self._step_batch(self._last, seqs)
+    batch = self._step_batch(self._last_rollout, seqs)
     batch, _ = self._prepare(
       batch, self.state.policy.algo_state, jax.random.key(0)
     )

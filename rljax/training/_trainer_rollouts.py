@@ -6,6 +6,8 @@ rows (`RunSampler`: plain groups, a group strategy's, agent episodes) and
 the prompt sampler hears how the whole batch scored.
 """
 
+import functools
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -73,10 +75,23 @@ def engine_settings(config: RunConfig) -> dict:
   )
 
 
+def _one_at_a_time(method):
+  """`method` under the sampler's lock: an asynchronous run's producer and
+  the trainer's evaluation share the engines, and take turns."""
+
+  @functools.wraps(method)
+  def locked(self, *args, **kwargs):
+    with self.lock:
+      return method(self, *args, **kwargs)
+
+  return locked
+
+
 class RunSampler:
   """How a run samples its policy: plain groups, a group strategy's, or
   agent episodes, scored; the continuous-batching engines are made once
-  per sampling setting (their KV pools are dropped after each rollout)."""
+  per sampling setting (their KV pools are dropped after each rollout).
+  One rollout runs at a time (`lock`)."""
 
   def __init__(self, config: RunConfig, tokenizer, task, mesh, groups):
     self.config = config
@@ -85,6 +100,7 @@ class RunSampler:
     self.mesh = mesh
     self.groups = groups
     self._engines = {}
+    self.lock = threading.RLock()
 
   def engine(self, model_config, greedy=False, top_k=None, top_p=None):
     """The continuous-batching engine for these sampling settings."""
@@ -103,6 +119,7 @@ class RunSampler:
       )
     return self._engines[key]
 
+  @_one_at_a_time
   def sample(
     self,
     policy,
@@ -139,6 +156,7 @@ class RunSampler:
       **sampler_kwargs,
     )
 
+  @_one_at_a_time
   def episodes(self, policy, examples, key, *, greedy=False, **sampler_kwargs):
     """Agent episodes of the global `examples` (every process runs them
     all, as the engine samples the global batch), scored; this process's
@@ -156,6 +174,7 @@ class RunSampler:
       **sampler_kwargs,
     )
 
+  @_one_at_a_time
   def strategy_groups(
     self, policy, groups_state, prompts: Prompts, key, *, step, temperature
   ):

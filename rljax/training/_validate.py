@@ -11,6 +11,7 @@ where the mesh is made (`Trainer`).
 import math
 from typing import Any
 
+from rljax import pipeline
 from rljax import selection
 from rljax._src.errors import UserError
 from rljax.checkpoints import SHAPES
@@ -257,6 +258,18 @@ def _train(t) -> None:
     )
   if t.nonfinite not in _NONFINITE:
     _fail("train.nonfinite", t.nonfinite, f"must be one of {_NONFINITE}")
+  if t.async_mode not in pipeline.MODES:
+    _fail("train.async_mode", t.async_mode, f"must be one of {pipeline.MODES}")
+  _int(
+    "train.max_staleness",
+    t.max_staleness,
+    0,
+    "It is how many updates old a rollout may be when it trains.",
+  )
+  if t.queue_order not in pipeline.ORDERS:
+    _fail(
+      "train.queue_order", t.queue_order, f"must be one of {pipeline.ORDERS}"
+    )
   mesh = t.mesh
   if (
     not isinstance(mesh, tuple)
@@ -336,6 +349,13 @@ def _kind(config) -> None:
       config.train.warm_start_steps,
       f"is the RL runs' supervised warm start; a {kind} run takes none",
       "Set it to 0 (an SFT run is the supervised training itself).",
+    )
+  if kind != "rl" and config.train.async_mode != "sync":
+    _fail(
+      "train.async_mode",
+      config.train.async_mode,
+      f"overlaps RL rollouts with updates; a {kind} run is synchronous",
+      "Drop train.async_mode.",
     )
   if kind == "rl" and config.data.source == "online":
     _fail(

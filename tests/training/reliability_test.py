@@ -362,13 +362,13 @@ def _next_save(proc, directory, after):
   return step
 
 
-def _killed_and_resumed(directory, kills, steps, seed):
+def _killed_and_resumed(directory, kills, steps, seed, *extra):
   """Start the run and kill -9 it `kills` times, each at a random moment of
   a step-and-save period (measured between two saves of that process, so
   the kills land during saves however fast the steps are); then let it
   finish. Returns how many kills hit a running process."""
   rng = random.Random(seed)
-  args = (f"train.steps={steps}", "output.checkpoint_every=1")
+  args = (f"train.steps={steps}", "output.checkpoint_every=1", *extra)
   landed = 0
   for _ in range(kills):
     proc = _cli(directory, *args, wait=False)
@@ -385,31 +385,45 @@ def _killed_and_resumed(directory, kills, steps, seed):
   return landed
 
 
-def _kill_test(tmp_path, kills):
+def _prompts_by_step(directory):
+  """Each logged step's prompts (``rollouts.jsonl``), in order."""
+  by_step = {}
+  for line in (directory / "rollouts.jsonl").read_text().splitlines():
+    record = json.loads(line)
+    by_step.setdefault(record["step"], []).append(record["prompt"])
+  return by_step
+
+
+def _kill_test(tmp_path, kills, *extra, exact=True):
+  """Killed `kills` times and resumed, the run logs every step once and
+  trains the straight run's prompts at every step; with `exact`, it ends
+  with the straight run's parameters, bit for bit."""
   steps = 3 * kills + 6  # each kill takes two or three steps
-  straight = _cli(
-    tmp_path / "straight", f"train.steps={steps}", "output.checkpoint_every=1"
-  )
+  args = ("output.checkpoint_every=1", "output.rollouts_every=1", *extra)
+  straight = _cli(tmp_path / "straight", f"train.steps={steps}", *args)
   assert straight.returncode == 0, straight.stderr[-3000:]
-  landed = _killed_and_resumed(tmp_path / "killed", kills, steps, seed=kills)
+  landed = _killed_and_resumed(
+    tmp_path / "killed", kills, steps, kills, *args[1:]
+  )
   assert landed >= kills // 2, landed  # most kills hit a running process
   finals = []
   for name in ("straight", "killed"):
     ckpt = checkpointing.Checkpointer(tmp_path / name / "checkpoints")
     assert ckpt.latest_step() == steps
-    trainer = Trainer(
-      _config(
-        tmp_path / name, f"train.steps={steps}", "output.checkpoint_every=1"
-      )
-    )
+    trainer = Trainer(_config(tmp_path / name, f"train.steps={steps}", *args))
     assert trainer.start_step == steps
     finals.append(_params(trainer))
-  for a, b in zip(*finals):
-    np.testing.assert_array_equal(a, b)
+  if exact:
+    for a, b in zip(*finals):
+      np.testing.assert_array_equal(a, b)
   # Every step logged once, in order, after all the kills.
   lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(x)["step"] for x in lines if '"loss"' in x] == list(
     range(1, steps + 1)
+  )
+  # No prompt lost or repeated: each step trained the straight run's.
+  assert _prompts_by_step(tmp_path / "killed") == _prompts_by_step(
+    tmp_path / "straight"
   )
 
 
@@ -421,6 +435,30 @@ def test_kill_during_saves_then_resume_is_exact(tmp_path):
 @pytest.mark.slow  # 20 restarts of the CLI: several minutes
 def test_twenty_kills_during_saves_then_resume_is_exact(tmp_path):
   _kill_test(tmp_path, kills=20)
+
+
+@pytest.mark.slow  # minutes of CPU: the slow set
+def test_an_async_run_without_staleness_resumes_exactly(tmp_path):
+  _kill_test(
+    tmp_path, 3, "train.async_mode=async", "train.max_staleness=0", exact=True
+  )
+
+
+@pytest.mark.slow  # minutes of CPU: the slow set
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_an_async_run_killed_loses_no_prompt_and_logs_each_step_once(
+  tmp_path, mode
+):
+  # Not exact: the rollouts in flight at a kill are sampled again after the
+  # resume, from the checkpointed prompt sampler's state and keys, with the
+  # restored weights (the README's section on asynchronous RL says why).
+  _kill_test(
+    tmp_path,
+    3,
+    f"train.async_mode={mode}",
+    "train.max_staleness=2",
+    exact=False,
+  )
 
 
 # --- 6: a damaged latest checkpoint falls back -------------------------------

@@ -1,0 +1,215 @@
+"""Rollouts produced beside the update, with bounded staleness.
+
+The trainer consumes one produced rollout a step. In ``"sync"`` mode the
+rollout of step n is produced when step n asks for it, with the weights of
+n updates. Otherwise a producer thread works ahead while the update runs:
+
+* ``"one_step_off"``: the rollout of step n + 1 is produced while step n
+  trains, always with the weights of n updates (those of step n - 1): one
+  update stale, deterministically (a run repeats bit for bit).
+* ``"async"``: the producer starts the next rollout as soon as the bound
+  allows, with the newest weights published; a rollout is at most
+  ``max_staleness`` updates old when it trains. Which version a rollout
+  gets depends on timing. ``max_staleness=0`` waits for each update, and is
+  the synchronous run, bit for bit.
+
+The bound: at most ``max_staleness + 1`` rollouts are outstanding (being
+produced, queued, or training); one retires when the update that trained
+it publishes its weights, or when it is dropped. Taking the oldest ready
+rollout first, no rollout is ever older than the bound; taking the
+freshest first (``order="freshest"``), a rollout left behind may age past
+it, and is then dropped and counted.
+
+The producer owns whatever state production advances (the prompt
+sampler's position, ...): `produce` returns it with the rollout, and the
+trainer keeps, for checkpoints, the state of the rollouts it trained.
+"""
+
+from collections.abc import Callable
+import dataclasses
+import threading
+import time
+from typing import Any, NamedTuple, Optional
+
+MODES = ("sync", "one_step_off", "async")
+ORDERS = ("oldest", "freshest")
+
+
+class Snapshot(NamedTuple):
+  """Weights to produce with: ``version`` updates applied to the policy;
+  ``weights`` any pytree the producer reads (a copy the update cannot
+  donate away when a thread reads it)."""
+
+  version: int
+  weights: Any
+
+
+class Produced(NamedTuple):
+  """A produced rollout: the ``index``-th produced (counting from the run's
+  first step), the ``version`` of the weights that produced it, what
+  `produce` returned, and the seconds it took."""
+
+  index: int
+  version: int
+  value: Any
+  seconds: float
+
+
+@dataclasses.dataclass
+class Taken:
+  """What `Pipeline.take` hands the update: the rollout, its staleness
+  (updates between the weights that produced it and those it trains),
+  the rollouts dropped for age before it, the seconds the trainer waited,
+  and the rollouts ready in the queue after it was taken."""
+
+  produced: Produced
+  staleness: int
+  dropped: list
+  waited: float
+  queued: int
+
+
+class Pipeline:
+  """Hands the update one produced rollout a step (see the module doc).
+
+  Args:
+    produce: ``produce(index, snapshot) -> value``, the rollout of the
+      ``index``-th step with the weights of ``snapshot``; called in order
+      of `index`, from one thread.
+    mode: one of `MODES`.
+    max_staleness: the bound (``"one_step_off"``: 1; ``"sync"``: 0).
+    order: which ready rollout the update takes first (`ORDERS`).
+    start: the index of the first rollout (the step a run resumes at).
+    snapshot: the weights at `start`.
+  """
+
+  def __init__(
+    self,
+    produce: Callable[[int, Snapshot], Any],
+    *,
+    mode: str,
+    max_staleness: int,
+    order: str = "oldest",
+    start: int = 0,
+    snapshot: Snapshot,
+  ):
+    if mode not in MODES:
+      raise ValueError(f"mode={mode!r}: choose one of {MODES}.")
+    if order not in ORDERS:
+      raise ValueError(f"order={order!r}: choose one of {ORDERS}.")
+    if max_staleness < 0:
+      raise ValueError(f"max_staleness={max_staleness} must be >= 0.")
+    self.mode = mode
+    self.bound = {"sync": 0, "one_step_off": 1}.get(mode, max_staleness)
+    self.order = order
+    self._produce = produce
+    self._start = start
+    self._snapshots = {snapshot.version: snapshot}
+    self._latest = snapshot.version
+    self._ready: list[Produced] = []
+    self._started = self._retired = 0
+    self._taken = 0  # taken, not yet retired by a publish
+    self._error: Optional[BaseException] = None
+    self._closed = False
+    self.producer_waited = 0.0  # seconds the producer waited on the bound
+    self._cv = threading.Condition()
+    self._thread = None
+    if mode != "sync":
+      self._thread = threading.Thread(
+        target=self._loop, name="rljax-producer", daemon=True
+      )
+      self._thread.start()
+
+  # --- the trainer's side -----------------------------------------------------
+
+  def take(self, version: int) -> Taken:
+    """The next rollout for the update that starts from `version`'s
+    weights; waits until one is ready (re-raising the producer's error)."""
+    start = time.perf_counter()
+    if self._thread is None:  # sync: produce it now
+      index = self._start + self._started
+      self._started += 1
+      snapshot = self._snapshots[self._latest]
+      value = self._produce(index, snapshot)
+      produced = Produced(index, snapshot.version, value, 0.0)
+      self._taken += 1
+      return Taken(produced, version - produced.version, [], 0.0, 0)
+    dropped = []
+    with self._cv:
+      while True:
+        while not self._ready and self._error is None:
+          self._cv.wait()
+        if self._error is not None:
+          raise self._error
+        pick = min if self.order == "oldest" else max
+        produced = pick(self._ready, key=lambda p: p.index)
+        self._ready.remove(produced)
+        if version - produced.version <= self.bound:
+          break
+        dropped.append(produced)  # too old to train: retire it
+        self._retired += 1
+        self._cv.notify_all()
+      self._taken += 1
+      queued = len(self._ready)
+    waited = time.perf_counter() - start
+    return Taken(produced, version - produced.version, dropped, waited, queued)
+
+  def publish(self, snapshot: Snapshot) -> None:
+    """New weights (after an update): retires the rollouts taken since the
+    last publish, and lets the producer go on."""
+    with self._cv:
+      self._snapshots[snapshot.version] = snapshot
+      self._latest = max(self._latest, snapshot.version)
+      # Keep what the producer may still read: one_step_off reads the
+      # version before the newest.
+      keep = 2 if self.mode == "one_step_off" else 1
+      for v in sorted(self._snapshots)[:-keep]:
+        del self._snapshots[v]
+      self._retired += self._taken
+      self._taken = 0
+      self._cv.notify_all()
+
+  def close(self) -> None:
+    """Stop the producer (after the rollout it is producing) and drop what
+    is queued."""
+    with self._cv:
+      self._closed = True
+      self._cv.notify_all()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+
+  # --- the producer's side ----------------------------------------------------
+
+  def _loop(self) -> None:
+    try:
+      while True:
+        with self._cv:
+          start = time.perf_counter()
+          while not self._closed and (
+            self._started - self._retired > self.bound
+          ):
+            self._cv.wait()
+          self.producer_waited += time.perf_counter() - start
+          if self._closed:
+            return
+          index = self._start + self._started
+          self._started += 1
+          snapshot = self._snapshot_for(index)
+        start = time.perf_counter()
+        value = self._produce(index, snapshot)
+        seconds = time.perf_counter() - start
+        with self._cv:
+          self._ready.append(Produced(index, snapshot.version, value, seconds))
+          self._cv.notify_all()
+    except BaseException as e:  # handed to the trainer by `take`
+      with self._cv:
+        self._error = e
+        self._cv.notify_all()
+
+  def _snapshot_for(self, index: int) -> Snapshot:
+    """one_step_off: the weights of ``index - 1`` updates (the run's first
+    step's at the start); async: the newest."""
+    if self.mode == "one_step_off":
+      return self._snapshots[max(self._start, index - 1)]
+    return self._snapshots[self._latest]
