@@ -42,8 +42,8 @@ import numpy as np  # noqa: E402
 
 from rljax import envs  # noqa: E402
 from rljax import models  # noqa: E402
-from rljax import sandbox  # noqa: E402
 from rljax import sampling  # noqa: E402
+from rljax import sandbox  # noqa: E402
 from rljax import testing  # noqa: E402
 from rljax import tools  # noqa: E402
 from rljax.tokenizers import Tokenizer  # noqa: E402

@@ -11,10 +11,10 @@ import pytest
 
 from rljax import plan
 from rljax._src.errors import UserError
+from rljax.launch import _cli as _cli_main
 from rljax.plan import _plan
 from rljax.plan._chips import parse_slice
 from rljax.plan._measure import Measured
-from rljax.launch import _cli as _cli_main
 from rljax.training import load_config
 from rljax.training import override
 

@@ -9,10 +9,10 @@ import logging
 import pytest
 
 from rljax._src.errors import UserError
+from rljax.launch import _cli
 from rljax.posttrain import _run
 from rljax.training import DataSpec
 from rljax.training import _build
-from rljax.launch import _cli
 
 TINY = [
   "model.hidden_size=32",

@@ -12,6 +12,7 @@ import pytest
 from rljax import posttrain
 from rljax import tasks
 from rljax._src.errors import UserError
+from rljax.launch import _cli
 from rljax.training import AlgorithmSpec
 from rljax.training import DataSpec
 from rljax.training import ModelSpec
@@ -22,7 +23,6 @@ from rljax.training import SamplerSpec
 from rljax.training import TaskSpec
 from rljax.training import TrainSpec
 from rljax.training import _build
-from rljax.launch import _cli
 
 
 def _config(tmp_path, kind="sft", **sections) -> RunConfig:

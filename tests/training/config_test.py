@@ -13,8 +13,8 @@ import pytest
 from rljax import algorithms
 from rljax import rollouts
 from rljax import selection
-from rljax.training import RunConfig
 from rljax.launch import _cli
+from rljax.training import RunConfig
 from rljax.training import _config_files
 from rljax.training import load_config
 from rljax.training import override
