@@ -92,7 +92,9 @@ class SamplerSpec:
   ``prompts`` names the prompt sampler (`rljax.selection.get`; its
   ``num_samples`` defaults to this spec's) with ``prompts_kwargs``;
   ``groups`` a group strategy (`rljax.rollouts.get`: hints, extra
-  streams, injected samples) with ``groups_kwargs``.
+  streams, injected samples) with ``groups_kwargs``. ``mesh``: a mesh of
+  its own for the rollouts (disaggregated; with ``train.async_mode`` the
+  rollouts run beside the update).
   """
 
   num_samples: int = 8
@@ -108,6 +110,12 @@ class SamplerSpec:
   prompts_kwargs: dict = dataclasses.field(default_factory=dict)
   groups: Optional[str] = None  # a `rljax.rollouts` group strategy
   groups_kwargs: dict = dataclasses.field(default_factory=dict)
+  # Disaggregated rollouts: (data, fsdp, tensor) sizes of a mesh of its own
+  # for sampling, on the last devices; the update's mesh (train.mesh) takes
+  # the devices before them, and each update's weights move across (e.g.
+  # 8 devices as 4 + 4: train.mesh=(4, 1, 1), sampler.mesh=(4, 1, 1)).
+  # (): sample on the update's mesh (colocated).
+  mesh: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)

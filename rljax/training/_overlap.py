@@ -22,8 +22,11 @@ from rljax.training._config import RunConfig
 class Overlap:
   """The run's `pipeline.Pipeline` and its bookkeeping."""
 
-  def __init__(self, config: RunConfig):
+  def __init__(self, config: RunConfig, to_rollout_mesh=None):
     t = config.train
+    # Disaggregated: moves the policy's weights to the rollout mesh.
+    self.to_rollout_mesh = to_rollout_mesh
+    self.transfer_bytes = 0
     self.mode = t.async_mode
     self.max_staleness = t.max_staleness
     self.order = t.queue_order
@@ -71,18 +74,30 @@ class Overlap:
 
   def _snapshot(self, weights) -> Any:
     """The weights as the producer reads them: the live arrays in sync mode
-    (sampled before the update donates them), else a copy."""
-    if self.mode == "sync":
-      return weights
-    return jax.tree.map(jnp.copy, weights)
+    (sampled before the update donates them), else a copy; the policy's
+    moved to the rollout mesh when the run has one (the transfer is
+    dispatched here and runs beside what follows)."""
+    params, algo_state = weights
+    if self.mode != "sync":
+      algo_state = jax.tree.map(jnp.copy, algo_state)
+    if self.to_rollout_mesh is not None:
+      params = self.to_rollout_mesh(params)
+      self.transfer_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    elif self.mode != "sync":
+      params = jax.tree.map(jnp.copy, params)
+    return params, algo_state
 
   def metrics(self, taken: pipeline.Taken, seconds: float) -> dict:
     """What the step logs about the overlap: the rollout's staleness, the
     samples dropped for age (so far), the rollouts left queued, and the
     fraction of the step the update waited for its rollout."""
+    out = {}
+    if self.to_rollout_mesh is not None:
+      out["weight_transfer_bytes"] = float(self.transfer_bytes)
+      out["weight_wait_seconds"] = taken.produced.value.weights_wait
     if self.mode == "sync":
-      return {}
-    return {
+      return out
+    return out | {
       "staleness": float(taken.staleness),
       "dropped_samples": float(self.dropped_samples),
       "queue_depth": float(taken.queued),

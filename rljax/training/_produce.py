@@ -11,6 +11,7 @@ draws comes from ``fold_in(key(seed), index)``, so a rollout depends on
 its index and its weights only.
 """
 
+import time
 from typing import Any, NamedTuple, Optional
 
 from flax import nnx
@@ -27,8 +28,9 @@ from rljax.training import _trainer_rollouts
 class Rollout(NamedTuple):
   """A produced step: the scored rollout (this process's rows), the
   refills it took and the groups its filters kept, the step's temperature,
-  ReMax's greedy baseline (or None), and the prompt sampler's and group
-  strategy's states after it."""
+  ReMax's greedy baseline (or None), the prompt sampler's and group
+  strategy's states after it, and the seconds the producer waited for its
+  weights to arrive (a transfer to the rollout mesh still under way)."""
 
   scored: Any
   refills: int
@@ -37,6 +39,7 @@ class Rollout(NamedTuple):
   baseline_rewards: Optional[jax.Array]
   prompt_state: Any
   groups_state: Any
+  weights_wait: float
 
 
 class Producer:
@@ -63,6 +66,9 @@ class Producer:
     """The rollout of step `index` with the snapshot's weights
     ``(params, algo_state)``."""
     params, algo_state = snapshot.weights
+    start = time.perf_counter()
+    jax.block_until_ready(params)
+    weights_wait = time.perf_counter() - start
     policy = nnx.merge(self.graphdef, params)
     key = jax.random.fold_in(jax.random.key(self.config.train.seed), index)
     prompts, temperature = self._next_prompts(index)
@@ -83,6 +89,7 @@ class Producer:
       baseline,
       self.prompt_state,
       self.groups_state,
+      weights_wait,
     )
 
   def _global(self, tree):

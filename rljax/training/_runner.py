@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from rljax import envs
 from rljax import monitoring
 from rljax import selection
+from rljax import sharding
 from rljax import tasks
 from rljax._src.errors import UserError
 from rljax.models import _lora
@@ -105,8 +106,11 @@ class Runner(abc.ABC):
         " build the run with rljax.posttrain.run_for(config)(config) (the"
         " CLI does)."
       )
-    self.mesh = _trainer_setup.run_mesh(c.train.mesh)
-    _trainer_setup.check_sizes(c, self.mesh)
+    self.mesh, rollout_mesh = _trainer_setup.run_meshes(c)
+    _trainer_setup.check_sizes(c, self.mesh, rollout_mesh)
+    # Where the policy samples: its own mesh (``sampler.mesh``) or the
+    # update's.
+    self.rollout_mesh = rollout_mesh or self.mesh
     self.allow_changes = (*_trainer_resume.RESUMABLE_CHANGES, *allow_changes)
     self.directory = pathlib.Path(c.output.directory)
     self._writer = jax.process_index() == 0  # logs, rollouts, plots
@@ -248,7 +252,7 @@ class Runner(abc.ABC):
       len(self.task.train), c.train.seed
     )
     self._sampling = _trainer_rollouts.RunSampler(
-      c, self.tokenizer, self.task, self.mesh, self.groups
+      c, self.tokenizer, self.task, self.rollout_mesh, self.groups
     )
 
   def _build_state(self, model, critic) -> None:
@@ -320,15 +324,31 @@ class Runner(abc.ABC):
     """The current policy as an `nnx` module (for sampling, evaluation)."""
     return nnx.merge(self.models.policy, self.state.policy.params)
 
+  def _sampling_policy(self):
+    """The current policy, on the mesh it samples on."""
+    params = self.to_rollout_mesh(self.state.policy.params)
+    return nnx.merge(self.models.policy, params)
+
+  def to_rollout_mesh(self, params):
+    """`params` (the policy's) placed on the rollout mesh: themselves when
+    the run samples on the update's mesh, else a resharding transfer."""
+    if self.rollout_mesh is self.mesh:
+      return params
+    return jax.device_put(
+      params, sharding.param_shardings(params, self.rollout_mesh)
+    )
+
   def _sample(self, examples, key, **kwargs):
     """Sample and score this process's `examples` with the current policy
     (`_trainer_rollouts.RunSampler.sample`)."""
-    return self._sampling.sample(self.policy(), examples, key, **kwargs)
+    policy = self._sampling_policy()
+    return self._sampling.sample(policy, examples, key, **kwargs)
 
   def _episodes(self, examples, key, **kwargs):
     """Agent episodes of the global `examples` with the current policy
     (`_trainer_rollouts.RunSampler.episodes`); this process's rows."""
-    return self._sampling.episodes(self.policy(), examples, key, **kwargs)
+    policy = self._sampling_policy()
+    return self._sampling.episodes(policy, examples, key, **kwargs)
 
   def _global(self, tree):
     """Global arrays from this process's rows of a training batch."""
@@ -376,7 +396,7 @@ class Runner(abc.ABC):
     """
     t = self.config.train
     n = min(num_prompts or t.eval_prompts, len(self.task.test))
-    rows, padded = _trainer_report.eval_rows(self.mesh, n)
+    rows, padded = _trainer_report.eval_rows(self.rollout_mesh, n)
     key = jax.random.key(t.seed + 7)
     if isinstance(self.groups, envs.EpisodeRollouts):  # agent episodes
       every = [self.task.test[min(i, n - 1)] for i in range(padded)]

@@ -116,7 +116,10 @@ class Trainer(_runner.Runner):
   def _build(self, resume, task, rewards, teacher) -> None:
     super()._build(resume, task, rewards, teacher)
     self._build_programs()
-    self._overlap = _overlap.Overlap(self.config)
+    disaggregated = self.rollout_mesh is not self.mesh
+    self._overlap = _overlap.Overlap(
+      self.config, self.to_rollout_mesh if disaggregated else None
+    )
 
   def _build_programs(self) -> None:
     """The jitted update and scoring passes (`_trainer_batch.Programs`),

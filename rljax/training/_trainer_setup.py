@@ -45,14 +45,18 @@ def from_config(field: str, build, *args, **kwargs):
     raise UserError(f"{field}: {e}") from e
 
 
-def check_sizes(config: RunConfig, mesh) -> None:
-  """The config's own checks, then the global batch against the mesh."""
+def check_sizes(config: RunConfig, mesh, rollout_mesh=None) -> None:
+  """The config's own checks, then the global batch against the meshes
+  (the update's; the rollouts', when it has one of its own)."""
   validate(config)
   p = config.train.prompts_per_step
   try:
     sharding.check_batch("train.prompts_per_step", p, mesh)
+    if rollout_mesh is not None:
+      sharding.check_batch("train.prompts_per_step", p, rollout_mesh)
   except ValueError as e:  # the message names the field and the fix
     raise UserError(str(e)) from e
+  mesh = mesh if rollout_mesh is None else rollout_mesh  # where slots run
   slots = config.sampler.slots
   shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
   if slots is not None and slots % shards:
@@ -62,21 +66,49 @@ def check_sizes(config: RunConfig, mesh) -> None:
     )
 
 
-def run_mesh(sizes):
-  """The run's mesh; a fully specified one may use fewer than all devices."""
+def run_meshes(config: RunConfig):
+  """The run's update mesh and rollout mesh: the same one, or with
+  ``sampler.mesh`` one on the last devices and the update's on the devices
+  before them (a fully specified train.mesh may use fewer)."""
+  c = config
+  devices = jax.devices()
+  overlapped = c.sampler.mesh or c.train.async_mode != "sync"
+  if overlapped and jax.process_count() > 1:
+    raise UserError(
+      f"train.async_mode={c.train.async_mode!r}, sampler.mesh={c.sampler.mesh}:"
+      " asynchronous and disaggregated runs run on one process for now"
+      " (their producer's host collectives would interleave with the"
+      " trainer's across processes); a multi-host run is synchronous and"
+      " colocated: drop both."
+    )
+  if not c.sampler.mesh:
+    return _mesh("train.mesh", c.train.mesh, devices), None
+  used = math.prod(c.sampler.mesh)
+  if used >= len(devices):
+    raise UserError(
+      f"sampler.mesh={c.sampler.mesh} takes {used} of the {len(devices)}"
+      " devices and leaves none for train.mesh; use fewer, e.g."
+      f" sampler.mesh=({len(devices) // 2}, 1, 1)."
+    )
+  train = _mesh("train.mesh", c.train.mesh, devices[: len(devices) - used])
+  return train, _mesh("sampler.mesh", c.sampler.mesh, devices[-used:])
+
+
+def _mesh(field: str, sizes, devices):
+  """A mesh over `devices`; a fully specified one may use fewer."""
   used = math.prod(sizes)
-  if -1 in sizes or used >= jax.device_count():
-    return from_config("train.mesh", sharding.make_mesh, *sizes)
+  if -1 in sizes or used >= len(devices):
+    return from_config(field, sharding.make_mesh, *sizes, devices=devices)
   if jax.process_count() > 1:
     raise UserError(
-      f"train.mesh={sizes} uses {used} of {jax.device_count()} devices; a"
+      f"{field}={sizes} uses {used} of {len(devices)} devices; a"
       " multi-host run must use every device of every host (set one axis to"
       " -1)."
     )
   logging.getLogger("rljax").warning(
-    "train.mesh=%s uses %d of %d devices.", sizes, used, jax.device_count()
+    "%s=%s uses %d of %d devices.", field, sizes, used, len(devices)
   )
-  return sharding.make_mesh(*sizes, devices=jax.devices()[:used])
+  return sharding.make_mesh(*sizes, devices=devices[:used])
 
 
 def prompt_sampler(config: RunConfig, given) -> selection.PromptSampler:

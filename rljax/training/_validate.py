@@ -162,6 +162,20 @@ def _task(t) -> None:
 
 
 def _sampler(s) -> None:
+  if s.mesh != () and (
+    not isinstance(s.mesh, tuple)
+    or len(s.mesh) != 3
+    or any(
+      isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in s.mesh
+    )
+  ):
+    _fail(
+      "sampler.mesh",
+      s.mesh,
+      "must be () (sample on train.mesh) or three ints (data, fsdp, tensor),"
+      " each >= 1",
+      "For example sampler.mesh=(4,1,1) on 4 of the devices.",
+    )
   # 1 is the single stream (preset "spo"); group advantages refuse G = 1
   # themselves, naming this field, when the batch is traced.
   _int("sampler.num_samples", s.num_samples, 1)
@@ -349,6 +363,13 @@ def _kind(config) -> None:
       config.train.warm_start_steps,
       f"is the RL runs' supervised warm start; a {kind} run takes none",
       "Set it to 0 (an SFT run is the supervised training itself).",
+    )
+  if kind != "rl" and config.sampler.mesh != ():
+    _fail(
+      "sampler.mesh",
+      config.sampler.mesh,
+      f"is an RL run's rollout mesh; a {kind} run samples on train.mesh",
+      "Drop sampler.mesh.",
     )
   if kind != "rl" and config.train.async_mode != "sync":
     _fail(

@@ -22,6 +22,8 @@ TIMING = {
   "queue_depth",
   "rollout_wait_fraction",
   "producer_wait_seconds",
+  "weight_transfer_bytes",
+  "weight_wait_seconds",
 }
 
 
@@ -146,3 +148,36 @@ def test_async_settings_are_checked(tmp_path):
     Trainer(_config(tmp_path, "train.max_staleness=-1"))
   with pytest.raises(ValueError, match="train.queue_order='newest'"):
     Trainer(_config(tmp_path, "train.queue_order=newest"))
+
+
+@pytest.mark.slow  # two tiny runs on 8 devices
+def test_rollouts_on_a_mesh_of_their_own_are_the_colocated_run(tmp_path):
+  # 8 devices as 4 + 4: rollouts on the last four, the update on the first
+  # four; the weights move across after every update. Without staleness it
+  # is the synchronous colocated run on four devices, bit for bit.
+  assert jax.device_count() == 8
+  four = ("train.mesh=(4, 1, 1)",)
+  colocated = _run(Trainer, tmp_path / "colocated", *four)
+  split = _run(
+    Trainer,
+    tmp_path / "split",
+    *four,
+    "sampler.mesh=(4, 1, 1)",
+    "train.async_mode=async",
+    "train.max_staleness=0",
+  )
+  trainer, summary = split
+  assert trainer.rollout_mesh.devices.flatten().tolist() == jax.devices()[4:]
+  assert trainer.mesh.devices.flatten().tolist() == jax.devices()[:4]
+  leaves = jax.tree.leaves(trainer.state.policy.params)
+  assert all(x.sharding.device_set <= set(jax.devices()[:4]) for x in leaves)
+  size = sum(x.nbytes for x in leaves)
+  assert summary["history"][-1]["weight_transfer_bytes"] == size
+  _same_run(colocated, split)
+
+
+def test_a_rollout_mesh_needs_devices_left_for_the_update(tmp_path):
+  with pytest.raises(ValueError, match=r"sampler.mesh=\(8, 1, 1\) takes 8"):
+    Trainer(_config(tmp_path, "sampler.mesh=(8, 1, 1)"))
+  with pytest.raises(ValueError, match=r"sampler.mesh=\(0, 1, 1\)"):
+    Trainer(_config(tmp_path, "sampler.mesh=(0, 1, 1)"))
