@@ -117,6 +117,10 @@ class Batch(NamedTuple):
   prompt_ids_P: Optional[Array] = None  # int32 dataset index of each prompt
   tokens_PGT: Optional[Array] = None  # int32 completion token ids
   teacher_logp_PGT: Optional[Array] = None  # a frozen scoring model's
+  # int32 version of the weights that sampled each token (an asynchronous
+  # run's partial rollouts: `rljax.pipeline`); with rollout_logp_PGT, the
+  # behaviour policy of each token.
+  version_PGT: Optional[Array] = None
   extra: Optional[dict[str, Array]] = None  # side data; see `with_extra`
   key: Optional[Array] = None  # PRNG key, present during `prepare` only
 

@@ -169,6 +169,12 @@ class Pipeline:
       self._taken = 0
       self._cv.notify_all()
 
+  def newest(self) -> Snapshot:
+    """The newest published weights (a producer continuing a rollout under
+    them: a partial rollout across updates)."""
+    with self._cv:
+      return self._snapshots[self._latest]
+
   def close(self) -> None:
     """Stop the producer (after the rollout it is producing) and drop what
     is queued."""

@@ -165,8 +165,10 @@ class Engine(_Scheduler):
       "row_steps": 0,
       "preempted": 0,
       "evicted": 0,
+      "refreshed": 0,  # weights handed over mid-run (`run`'s refresh)
     }
     self._kept: list[Sequence] = []  # stopped and kept, in stop order
+    self.version = 0  # the weights' version (`run`'s refresh)
 
   # --- queueing ---------------------------------------------------------------
 
@@ -263,6 +265,7 @@ class Engine(_Scheduler):
       logp=list(parent.logp) + [0.0] * len(tokens),
       full_logp=list(parent.full_logp) + [0.0] * len(tokens),
       temperature=list(parent.temperature) + [0.0] * len(tokens),
+      version=list(parent.version) + [self.version] * len(tokens),
       key=key,
       shard=parent.shard,
       base_temperature=temperature,
@@ -325,6 +328,7 @@ class Engine(_Scheduler):
     seq.logp += [0.0] * len(tokens)
     seq.full_logp += [0.0] * len(tokens)
     seq.temperature += [0.0] * len(tokens)
+    seq.version += [self.version] * len(tokens)
     seq.limit = seq.steps + int(max_new_tokens)
     seq.turn_start = len(seq.tokens)
     if temperature is not None:
@@ -498,6 +502,19 @@ class Engine(_Scheduler):
     )
     return {"prefill": prefill, "decode_segment": decode}
 
+  def _recompute(self, graphdef, state) -> None:
+    """New weights: every cached key and value is stale. Sequences keep
+    their pages but count nothing cached, so each is prefilled again under
+    the new weights before it decodes, forks or continues (the running
+    ones now)."""
+    held = [*self._kept, *self._waiting]
+    held += [s.parent for s in self._waiting if s.parent is not None]
+    running = [s for s in self._slots if s is not None]
+    for seq in held + running:
+      seq.cached = 0
+    self._prefill(graphdef, state, running)
+    self.stats["refreshed"] += 1
+
   def _table(self, seqs) -> np.ndarray:
     table = np.zeros((len(seqs), self.pages_per_row), np.int32)
     for i, seq in enumerate(seqs):
@@ -513,6 +530,8 @@ class Engine(_Scheduler):
     *,
     on_stop: Optional[Callable[[list], None]] = None,
     poll: Optional[Callable[[bool], bool]] = None,
+    refresh: Optional[Callable[[], Optional[tuple]]] = None,
+    version: Optional[int] = None,
   ) -> list[Sequence]:
     """Decode every queued sequence until it stops; returns them, in the
     order they were queued.
@@ -525,11 +544,26 @@ class Engine(_Scheduler):
     ``block=True`` nothing is left to decode and it should wait until one
     is ready (or none is outstanding). The run ends when nothing is queued,
     running or outstanding.
+
+    ``refresh() -> (version, model) or None``, before each segment, hands
+    newer weights (an asynchronous run's update finished): the sequences
+    in flight continue under them, from their next token (a partial
+    rollout across updates). Every cached key and value is recomputed with
+    the new weights, so each token's log-probs are those of the weights
+    that sampled it given its whole prefix, and its ``version`` says which;
+    ``version`` is `model`'s (default: the last refresh's, 0 at first).
     """
     graphdef, state = nnx.split(model)
+    if version is not None:
+      self.version = int(version)
     self._ensure_pool()
     queued = [s for s in self._waiting]
     while True:
+      fresh = refresh() if refresh is not None else None
+      if fresh is not None:
+        self.version, model = fresh
+        graphdef, state = nnx.split(model)
+        self._recompute(graphdef, state)
       busy = self._waiting or any(s is not None for s in self._slots)
       more = poll(not busy) if poll is not None else False
       if not (self._waiting or any(s is not None for s in self._slots)):

@@ -40,6 +40,8 @@ def rollout(
   temperature: float = 1.0,
   group_size: Optional[int] = None,
   width: Optional[int] = None,
+  refresh=None,
+  version: int = 0,
 ) -> Rollout:
   """`generate`'s `Rollout` from the engine: G samples of P prompts.
 
@@ -51,6 +53,9 @@ def rollout(
   `max_new_tokens` tokens in a rollout `width` tokens wide (default
   `max_new_tokens`; a wider one keeps the shapes of a run whose budget
   changes). The result is numpy, the whole batch on every process.
+  ``refresh``: newer weights while it runs (`Engine.run`); the rollout then
+  records each token's version (``version_PGT``), `model`'s being
+  `version`.
   """
   tokens = _host_rows(prompt_tokens_PS).astype(np.int32)
   mask = _host_rows(prompt_mask_PS).astype(np.int32)
@@ -89,8 +94,8 @@ def rollout(
     )
     for i, (row, m) in enumerate(zip(tokens, mask))
   ]
-  engine.run(model)
-  out = RolloutBuilder(p, g, t)
+  engine.run(model, refresh=refresh, version=version)
+  out = RolloutBuilder(p, g, t, versions=refresh is not None)
   for i, group in enumerate(groups):
     for j, seq in enumerate(group):
       out.put(i, j, seq)
@@ -105,8 +110,9 @@ class RolloutBuilder:
   (or given tokens); samples never put are invalid (``sample_mask_PG``
   0)."""
 
-  def __init__(self, p: int, g: int, width: int):
+  def __init__(self, p: int, g: int, width: int, versions: bool = False):
     self.shape = (p, g, width)
+    self.version = np.zeros(self.shape, np.int32) if versions else None
     self.tokens = np.zeros(self.shape, np.int32)
     self.mask = np.zeros(self.shape, np.int32)
     self.logp = np.zeros(self.shape, np.float32)
@@ -121,6 +127,8 @@ class RolloutBuilder:
     self.mask[i, j, :n] = 1
     self.logp[i, j, :n] = seq.logp[:n]
     self.full_logp[i, j, :n] = seq.full_logp[:n]
+    if self.version is not None:
+      self.version[i, j, :n] = seq.version[:n]
     self.truncated[i, j] = seq.stop_reason not in (STOP_ID, STOP_RULE)
     self.present[i, j] = 1
 
@@ -172,4 +180,5 @@ class RolloutBuilder:
       ),
       full_logp_PGT=self.full_logp,
       sample_mask_PG=self.present,
+      version_PGT=self.version,
     )

@@ -270,6 +270,7 @@ class _Scheduler:
     seq.logp += out["logp"][i, :count].tolist()
     seq.full_logp += out["full_logp"][i, :count].tolist()
     seq.temperature += out["temperature"][i, :count].tolist()
+    seq.version += [self.version] * count
     reason = int(out["reason"][i])
     if self.stop_rule is not None and count:
       cut = self.stop_rule(seq)
@@ -291,7 +292,7 @@ class _Scheduler:
   def _truncate(self, seq: Sequence, keep: int) -> None:
     """Keep the first `keep` tokens of this turn (a stop rule's cut)."""
     end = seq.turn_start + min(max(int(keep), 1), len(seq.turn))
-    for field in ("sampled", "logp", "full_logp", "temperature"):
+    for field in ("sampled", "logp", "full_logp", "temperature", "version"):
       setattr(seq, field, getattr(seq, field)[: end - seq.prompt_length])
     seq.tokens = seq.tokens[:end]
     seq.cached = min(seq.cached, len(seq.tokens) - 1)

@@ -34,7 +34,8 @@ class Sequence:
   sampled (``sampled`` 1; ``logp`` under the processed distribution it was
   drawn from, ``full_logp`` under the full distribution at its
   ``temperature``) or appended by `Engine.extend` (``sampled`` 0, log-probs
-  0). Read these; the engine owns the rest.
+  0); ``version`` is the weights' version (`Engine.run`'s ``refresh``)
+  when it was. Read these; the engine owns the rest.
   """
 
   uid: int
@@ -45,6 +46,7 @@ class Sequence:
   full_logp: list
   temperature: list
   stop_reason: int = RUNNING
+  version: list = dataclasses.field(default_factory=list)
   # Scheduling state (the engine's).
   key: Optional[np.ndarray] = None  # uint32 key data
   shard: int = 0

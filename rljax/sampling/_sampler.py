@@ -56,6 +56,11 @@ class Rollout(NamedTuple):
   # The last completion token is never fed back, so its (unused) entry is
   # 0. None for dense models.
   routing_PGLWK: Optional[jax.Array] = None
+  # int32 the version of the weights that sampled each completion token, in
+  # a rollout whose weights changed while it ran (a partial rollout across
+  # updates: `Engine.run`'s refresh); None when one set of weights sampled
+  # it all.
+  version_PGT: Optional[jax.Array] = None
 
 
 class _Settings(NamedTuple):

@@ -186,6 +186,12 @@ class TrainSpec:
   async_mode: str = "sync"
   max_staleness: int = 1
   queue_order: str = "oldest"
+  # "async" only: a rollout in flight when an update publishes new weights
+  # continues under them from its next token (AReaL's interruptible
+  # generation; the cache is recomputed), recording each token's version
+  # (Batch.version_PGT) and behaviour log-prob. Plain groups (no
+  # sampler.groups strategy) on the continuous engine.
+  partial_rollouts: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ class Overlap:
     self.mode = t.async_mode
     self.max_staleness = t.max_staleness
     self.order = t.queue_order
+    self.partial = t.partial_rollouts
     self.next_step: Optional[int] = None  # the step the pipeline serves next
     self.dropped_samples = 0
     self._pipeline: Optional[pipeline.Pipeline] = None
@@ -46,6 +47,8 @@ class Overlap:
       start=step,
       snapshot=pipeline.Snapshot(step, self._snapshot(weights)),
     )
+    if self.partial:
+      produce.newest = self._pipeline.newest
     self.next_step = step
 
   def take(self, step: int) -> pipeline.Taken:
@@ -88,10 +91,18 @@ class Overlap:
     return params, algo_state
 
   def metrics(self, taken: pipeline.Taken, seconds: float) -> dict:
-    """What the step logs about the overlap: the rollout's staleness, the
-    samples dropped for age (so far), the rollouts left queued, and the
-    fraction of the step the update waited for its rollout."""
+    """What the step logs about the overlap: the rollout's staleness (of
+    the weights it started with; with partial rollouts, also the mean and
+    largest over its tokens), the samples dropped for age (so far), the
+    rollouts left queued, and the fraction of the step the update waited
+    for its rollout."""
     out = {}
+    rollout = taken.produced.value.scored.rollout
+    if rollout.version_PGT is not None:
+      mask = np.asarray(rollout.mask_PGT) > 0
+      age = self.next_step - 1 - np.asarray(rollout.version_PGT)[mask]
+      out["token_staleness_mean"] = float(age.mean()) if age.size else 0.0
+      out["token_staleness_max"] = float(age.max()) if age.size else 0.0
     if self.to_rollout_mesh is not None:
       out["weight_transfer_bytes"] = float(self.transfer_bytes)
       out["weight_wait_seconds"] = taken.produced.value.weights_wait

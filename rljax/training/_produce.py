@@ -61,6 +61,9 @@ class Producer:
     self.keep = t._keep
     self.prompt_state = t.prompt_state
     self.groups_state = t.groups_state
+    # The pipeline's newest weights (`pipeline.Pipeline.newest`), when the
+    # run continues rollouts under them (``train.partial_rollouts``).
+    self.newest = None
 
   def __call__(self, index: int, snapshot: Snapshot) -> Rollout:
     """The rollout of step `index` with the snapshot's weights
@@ -70,6 +73,8 @@ class Producer:
     jax.block_until_ready(params)
     weights_wait = time.perf_counter() - start
     policy = nnx.merge(self.graphdef, params)
+    # What samples now (a partial rollout moves both to newer weights).
+    self._policy, self._version = policy, snapshot.version
     key = jax.random.fold_in(jax.random.key(self.config.train.seed), index)
     prompts, temperature = self._next_prompts(index)
     scored, refills, num_kept, temperature = self._fill(
@@ -128,6 +133,9 @@ class Producer:
       settings = _trainer_rollouts.sample_settings(
         self.config, prompts, self.prompt_sampler.max_samples
       )
+      if self.newest is not None:
+        policy = self._policy
+        settings.update(refresh=self._refresh, version=self._version)
       return self.sampling.sample(
         policy, prompts.examples, key, temperature=temperature, **settings
       )
@@ -140,6 +148,16 @@ class Producer:
       temperature=temperature,
     )
     return scored
+
+  def _refresh(self):
+    """(version, policy) of weights newer than those sampling, or None (the
+    engine's ``refresh``: a partial rollout continues under them)."""
+    snapshot = self.newest()
+    if snapshot.version <= self._version:
+      return None
+    self._version = snapshot.version
+    self._policy = nnx.merge(self.graphdef, snapshot.weights[0])
+    return self._version, self._policy
 
   def _fill(self, policy, algo_state, prompts, temperature, index, key):
     """A rollout batch, refilled while the algorithm's filters drop groups;

@@ -41,6 +41,9 @@ def raw_batch(scored, annotate) -> Batch:
     else np.asarray(r.sample_mask_PG, np.float32),
     prompt_ids_P=scored.prompt_ids_P,
     tokens_PGT=np.asarray(r.tokens_PGT, np.int32),
+    version_PGT=None
+    if r.version_PGT is None
+    else np.asarray(r.version_PGT, np.int32),
   )
   if annotate is not None:
     batch = batch._replace(extra=_rollout.annotations(annotate, scored))

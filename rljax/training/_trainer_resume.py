@@ -58,13 +58,18 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 def check_same_config(saved, current, allowed, *, step, directory) -> None:
   """Refuse to resume a checkpoint of a run with another config.
 
-  Fields matching a pattern of `allowed` (fnmatch) may differ.
+  Fields matching a pattern of `allowed` (fnmatch) may differ. A field the
+  saved config lacks (a checkpoint of an earlier rljax) is unchanged when
+  it holds its default now: a new field's default keeps what runs did
+  before it existed.
   """
   old, new = _flat(saved), _flat(current)
+  defaults = _flat(config_json(RunConfig()))
   changed = sorted(
     k
     for k in set(old) | set(new)
     if old.get(k, "<unset>") != new.get(k, "<unset>")
+    and not (k not in old and k in defaults and new.get(k) == defaults[k])
     and not any(fnmatch.fnmatchcase(k, pattern) for pattern in allowed)
   )
   if not changed:

@@ -280,6 +280,16 @@ def _train(t) -> None:
     0,
     "It is how many updates old a rollout may be when it trains.",
   )
+  if not isinstance(t.partial_rollouts, bool):
+    _fail("train.partial_rollouts", t.partial_rollouts, "must be a bool")
+  if t.partial_rollouts and t.async_mode != "async":
+    _fail(
+      "train.partial_rollouts",
+      True,
+      f"continues rollouts under newer weights; train.async_mode={t.async_mode!r}"
+      " hands none mid-rollout",
+      "Set train.async_mode='async', or drop train.partial_rollouts.",
+    )
   if t.queue_order not in pipeline.ORDERS:
     _fail(
       "train.queue_order", t.queue_order, f"must be one of {pipeline.ORDERS}"
@@ -363,6 +373,17 @@ def _kind(config) -> None:
       config.train.warm_start_steps,
       f"is the RL runs' supervised warm start; a {kind} run takes none",
       "Set it to 0 (an SFT run is the supervised training itself).",
+    )
+  if config.train.partial_rollouts and (
+    config.sampler.engine != "continuous" or config.sampler.groups
+  ):
+    _fail(
+      "train.partial_rollouts",
+      True,
+      "needs the continuous engine sampling plain groups (sampler.engine="
+      f"{config.sampler.engine!r}, sampler.groups={config.sampler.groups!r})",
+      "Use sampler.engine='continuous' without sampler.groups, or drop"
+      " train.partial_rollouts.",
     )
   if kind != "rl" and config.sampler.mesh != ():
     _fail(

@@ -507,3 +507,59 @@ def test_idle_kept_sequences_give_their_pages_to_waiting_ones(model):
   ample.run(model)
   assert kept.tokens == ref.tokens
   np.testing.assert_allclose(kept.logp, ref.logp, atol=1e-5)
+
+
+def test_a_partial_rollout_continues_under_newer_weights(model):
+  """New weights arrive after the first segment (an update finished): the
+  sequences in flight continue under them, each token's version says which
+  weights sampled it, and its log-probs are teacher-forced under those
+  weights given its whole prefix (the cache was recomputed)."""
+  graphdef, state = nnx.split(model)
+  newer = nnx.merge(
+    graphdef,
+    jax.tree.map(
+      lambda x: x * 1.05 + 0.01 if jnp.issubdtype(x.dtype, jnp.floating) else x,
+      state,
+    ),
+  )
+  by_version = {0: model, 1: newer}
+  engine = _engine(model, slots=2, segment=3)
+  seqs = engine.add(
+    [5, 6, 7], key=jax.random.key(4), max_new_tokens=10, num_samples=3
+  )
+  calls = []
+
+  def refresh():
+    calls.append(None)
+    return (1, newer) if len(calls) == 2 else None  # before segment 2
+
+  engine.run(model, refresh=refresh)
+  assert engine.stats["refreshed"] == 1
+  # Two ran from the start (3 tokens under version 0, then version 1); the
+  # third waited for a slot and ran under version 1 only.
+  versions = [seq.version for seq in seqs]
+  assert versions[0][:3] == [0, 0, 0] and versions[1][:3] == [0, 0, 0]
+  assert set(versions[0][3:]) == {1} and set(versions[2]) == {1}
+  for seq in seqs:
+    start = seq.prompt_length
+    for v in (0, 1):
+      forced = _teacher_forced(by_version[v], seq.tokens)[start - 1 :]
+      mine = np.asarray(seq.version) == v
+      np.testing.assert_allclose(
+        np.asarray(seq.full_logp)[mine], forced[mine], atol=1e-5, rtol=0
+      )
+  # A rollout records the versions.
+  engine = _engine(model, slots=2, segment=3)
+  calls.clear()
+  out = sampling.rollout(
+    engine,
+    model,
+    PROMPTS,
+    MASK,
+    key=jax.random.key(1),
+    max_new_tokens=8,
+    num_samples=2,
+    refresh=refresh,
+  )
+  assert out.version_PGT.shape == out.tokens_PGT.shape
+  assert set(np.unique(out.version_PGT[out.mask_PGT > 0])) == {0, 1}

@@ -181,3 +181,39 @@ def test_a_rollout_mesh_needs_devices_left_for_the_update(tmp_path):
     Trainer(_config(tmp_path, "sampler.mesh=(8, 1, 1)"))
   with pytest.raises(ValueError, match=r"sampler.mesh=\(0, 1, 1\)"):
     Trainer(_config(tmp_path, "sampler.mesh=(0, 1, 1)"))
+
+
+@pytest.mark.slow  # a tiny run of six steps
+def test_partial_rollouts_record_the_version_of_every_token(tmp_path):
+  # A slow trainer publishes while the producer samples: rollouts in flight
+  # continue under the new weights (segments of one token, so a rollout
+  # meets several publishes), and the batch carries each token's version.
+  seen = []
+
+  class Recording(_SlowTrainer):
+    def _step_batch(self, r, seqs):
+      batch = super()._step_batch(r, seqs)
+      real = np.asarray(batch.mask_PGT) > 0
+      seen.append((self._step, np.asarray(batch.version_PGT)[real]))
+      return batch
+
+  _, summary = _run(
+    Recording,
+    tmp_path,
+    "train.async_mode=async",
+    "train.max_staleness=2",
+    "train.partial_rollouts=True",
+    "sampler.segment=1",
+    "sampler.slots=8",
+    steps=6,
+  )
+  history = summary["history"]
+  for (step, versions), h in zip(seen, history, strict=True):
+    assert versions.min() >= step - 2 and versions.max() <= step
+    assert h["token_staleness_max"] <= h["staleness"] <= 2
+  assert all(np.isfinite(h["loss"]) for h in history)
+
+
+def test_partial_rollouts_need_the_async_mode(tmp_path):
+  with pytest.raises(ValueError, match="train.partial_rollouts=True"):
+    Trainer(_config(tmp_path, "train.partial_rollouts=True"))

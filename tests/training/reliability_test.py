@@ -492,3 +492,20 @@ def test_a_damaged_latest_checkpoint_falls_back_with_a_warning(
   assert resumed.checkpointer.all_steps()[-1] == 3
   for a, b in zip(_params(straight), _params(resumed)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_fields_an_earlier_checkpoint_lacks_resume_at_their_defaults():
+  # A checkpoint saved before train.async_mode and sampler.mesh existed
+  # resumes when they hold their defaults (what runs did before), and is
+  # refused when they do not.
+  from rljax.training import _trainer_resume as resume
+
+  current = resume.config_json(RunConfig())
+  saved = resume.config_json(RunConfig())
+  del saved["train"]["async_mode"], saved["sampler"]["mesh"]
+  resume.check_same_config(saved, current, (), step=1, directory="d")
+  changed = override(RunConfig(), ["train.async_mode=async"])
+  with pytest.raises(UserError, match="train.async_mode '<unset>' -> 'async'"):
+    resume.check_same_config(
+      saved, resume.config_json(changed), (), step=1, directory="d"
+    )
