@@ -22,7 +22,7 @@ the compiler refuses for HBM has no cost (and the plan does not fit).
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import Any, Optional
 
 import jax
 
@@ -81,6 +81,8 @@ class Plan:
       update, total), from the roofline times.
     tokens_per_second: sampled tokens per second at that estimate.
     overrides: the config overrides this plan was made with.
+    rollout_mesh: the rollouts' own mesh (``sampler.mesh``, on the last
+      devices; the engine's programs are compiled there), or None.
   """
 
   slice: Slice
@@ -93,6 +95,7 @@ class Plan:
   iteration: dict[str, float]
   tokens_per_second: float
   overrides: tuple[str, ...] = ()
+  rollout_mesh: Optional[dict] = None
 
   @property
   def peak(self) -> Measured:
@@ -112,6 +115,7 @@ class Plan:
       },
       "devices": self.devices,
       "mesh": self.mesh,
+      "rollout_mesh": self.rollout_mesh,
       "overrides": list(self.overrides),
       "fits": self.fits,
       "hbm_bytes_per_device": self.hbm_bytes,
@@ -223,7 +227,11 @@ def _costs(config, devices, task, stacks, chip, per_chip, full=()):
 
 
 def _iteration(config, costs, slots: int) -> tuple[dict, float]:
-  """Seconds of an RL iteration by part, and sampled tokens per second."""
+  """Seconds of an RL iteration by part, and sampled tokens per second.
+
+  The parts add up, except in an asynchronous run whose rollouts have
+  devices of their own (``sampler.mesh``): there they run beside the
+  scoring and update, and the iteration is the longer of the two."""
   c = config
   rows = c.train.prompts_per_step * c.sampler.num_samples
   width = c.sampler.max_new_tokens
@@ -239,7 +247,10 @@ def _iteration(config, costs, slots: int) -> tuple[dict, float]:
     "score": costs.get("score", none).seconds,
     "update": costs.get("update", none).seconds,
   }
-  parts["total"] = sum(parts.values())
+  if c.sampler.mesh and c.train.async_mode != "sync":
+    parts["total"] = max(rollout, parts["score"] + parts["update"])
+  else:
+    parts["total"] = sum(parts.values())
   tokens = rows * width / parts["total"] if parts["total"] else 0.0
   return parts, tokens
 
@@ -343,6 +354,9 @@ class _Context:
       slice=self.slice,
       devices=len(self.devices),
       mesh=dict(run.mesh.shape),
+      rollout_mesh=None
+      if run.rollout_mesh is None
+      else dict(run.rollout_mesh.shape),
       programs=programs,
       costs=costs,
       hbm_bytes=self.hbm,
@@ -436,8 +450,11 @@ def table(plan: Plan) -> str:
     f"{'program':<16}{'args':>11}{'outputs':>11}{'temps':>11}{'code':>11}"
     f"{'peak':>11}{'TFLOP':>9}{'GB moved':>10}{'roofline':>10}  pallas"
   )
+  meshes = f"mesh {plan.mesh}"
+  if plan.rollout_mesh is not None:
+    meshes = f"update mesh {plan.mesh}, rollout mesh {plan.rollout_mesh}"
   lines = [
-    f"plan for {plan.slice.name}: {plan.devices} devices, mesh {plan.mesh},"
+    f"plan for {plan.slice.name}: {plan.devices} devices, {meshes},"
     f" {_gib(plan.hbm_bytes)} HBM a device ({chip.source})",
     head,
   ]
@@ -467,11 +484,19 @@ def table(plan: Plan) -> str:
     f"parameters: {_gib(plan.parameter_bytes)} a device; peak"
     f" {_gib(plan.peak.peak_bytes)} in {plan.peak.name}:"
     f" {'fits' if plan.fits else 'does NOT fit'}",
-    f"iteration (roofline): rollout {it['rollout']:.3f} s + score"
+    f"iteration (roofline): rollout {it['rollout']:.3f} s"
+    f" {'beside' if _overlapped(plan, it) else '+'} score"
     f" {it['score']:.3f} s + update {it['update']:.3f} s = {it['total']:.3f}"
     f" s; {plan.tokens_per_second:,.0f} sampled tokens/s",
   ]
   return "\n".join(lines)
+
+
+def _overlapped(plan: Plan, it: dict) -> bool:
+  """Whether the iteration's rollout ran beside its update (its total is
+  not the sum of the parts)."""
+  parts = it["rollout"] + it["score"] + it["update"]
+  return plan.rollout_mesh is not None and it["total"] < parts
 
 
 def over_message(plan: Plan, found) -> str:

@@ -49,6 +49,7 @@ class AbstractRun(NamedTuple):
   key: jax.ShapeDtypeStruct
   policy_config: Any
   teacher: Any = None  # (graphdef, abstract params) of a frozen scorer
+  rollout_mesh: Any = None  # the rollouts' own mesh (``sampler.mesh``)
 
 
 def run_task(config):
@@ -221,15 +222,12 @@ def abstract_run(
       not the policy's.
   """
   c = config
-  try:
-    mesh = sharding.make_mesh(*c.train.mesh, devices=devices)
-    sharding.check_batch(
-      "train.prompts_per_step", c.train.prompts_per_step, mesh
-    )
-    policy = _abstract_policy(policy_config, c.model)
-    _placed(policy, mesh)
-  except ValueError as e:
-    raise UserError(f"train.mesh={tuple(c.train.mesh)}: {e}") from e
+  devices, rollout_devices = _trainer_setup.split_devices(c, devices)
+  policy = _abstract_policy(policy_config, c.model)
+  mesh = _checked_mesh("train.mesh", c, devices, policy)
+  rollout_mesh = None
+  if rollout_devices is not None:
+    rollout_mesh = _checked_mesh("sampler.mesh", c, rollout_devices, policy)
   algorithm = _trainer_setup.algorithm(c)
   needs = {
     f: _build.needs_field(algorithm, f) for f in _trainer_setup.NEEDED_FIELDS
@@ -294,14 +292,31 @@ def abstract_run(
     key=key,
     policy_config=policy_config,
     teacher=teacher,
+    rollout_mesh=rollout_mesh,
   )
+
+
+def _checked_mesh(field: str, config, devices, policy):
+  """The mesh `field` sizes over `devices`, which must split the batch and
+  the policy's parameters."""
+  sizes = getattr(config, field.split(".")[0]).mesh
+  try:
+    mesh = sharding.make_mesh(*sizes, devices=devices)
+    sharding.check_batch(
+      "train.prompts_per_step", config.train.prompts_per_step, mesh
+    )
+    _placed(policy, mesh)
+  except ValueError as e:
+    raise UserError(f"{field}={tuple(sizes)}: {e}") from e
+  return mesh
 
 
 def lowered_programs(run: AbstractRun) -> dict[str, Any]:
   """{name: `jax.stages.Lowered`} of the programs an RL iteration runs: the
   scoring pass (old, reference, value, teacher and rescore passes), the
   update and (with the continuous engine) the rollout
-  engine's prefill and decode segment."""
+  engine's prefill and decode segment, on the rollouts' own mesh when the
+  run has one."""
   c = run.config
   out = {}
   teacher_graph, teacher_params = run.teacher or (None, None)
@@ -320,16 +335,18 @@ def lowered_programs(run: AbstractRun) -> dict[str, Any]:
   update = _trainer_batch.update_fn(run.models, run.algorithm, spec, shardings)
   out["update"] = update.lower(run.state, run.seqs, run.batch, run.key)
   if c.sampler.engine == "continuous":
+    mesh, params = run.mesh, run.state.policy.params
+    if run.rollout_mesh is not None:  # the weights, moved across
+      mesh = run.rollout_mesh
+      params = _with_shardings(params, sharding.param_shardings(params, mesh))
     engine = sampling.Engine(
       run.policy_config,
       **_trainer_rollouts.engine_settings(c),
       top_k=c.sampler.top_k,
       top_p=c.sampler.top_p,
-      mesh=run.mesh,
+      mesh=mesh,
     )
     out.update(
-      engine.lower(
-        run.models.policy, run.state.policy.params, c.task.max_prompt_tokens
-      )
+      engine.lower(run.models.policy, params, c.task.max_prompt_tokens)
     )
   return out

@@ -81,8 +81,21 @@ def run_meshes(config: RunConfig):
       " trainer's across processes); a multi-host run is synchronous and"
       " colocated: drop both."
     )
+  train, rollout = split_devices(c, devices)
+  if rollout is None:
+    return _mesh("train.mesh", c.train.mesh, train), None
+  return (
+    _mesh("train.mesh", c.train.mesh, train),
+    _mesh("sampler.mesh", c.sampler.mesh, rollout),
+  )
+
+
+def split_devices(config: RunConfig, devices):
+  """(the update's devices, the rollouts' or None): with ``sampler.mesh``
+  the rollouts take the last of `devices` and the update those before."""
+  c = config
   if not c.sampler.mesh:
-    return _mesh("train.mesh", c.train.mesh, devices), None
+    return list(devices), None
   used = math.prod(c.sampler.mesh)
   if used >= len(devices):
     raise UserError(
@@ -90,8 +103,7 @@ def run_meshes(config: RunConfig):
       " devices and leaves none for train.mesh; use fewer, e.g."
       f" sampler.mesh=({len(devices) // 2}, 1, 1)."
     )
-  train = _mesh("train.mesh", c.train.mesh, devices[: len(devices) - used])
-  return train, _mesh("sampler.mesh", c.sampler.mesh, devices[-used:])
+  return list(devices[: len(devices) - used]), list(devices[-used:])
 
 
 def _mesh(field: str, sizes, devices):

@@ -383,3 +383,36 @@ def test_a_run_that_cannot_fit_is_refused_with_a_suggestion_that_fits(
   assert "v5e:2x2: program" in line and "over the v5e's" in line
   config = override(load_config(ROOT / pods), [*QWEN3_32B_SMALL, *suggestion])
   assert plan.plan_run(config, "v5e:2x2").fits
+
+
+def test_a_disaggregated_run_plans_its_rollouts_on_their_own_mesh():
+  # v5e:2x2 as 2 + 2: the update on the first two chips, the engine on the
+  # last two; an async run's iteration is the longer side, not the sum.
+  config = _demo(
+    "train.mesh=(2,1,1)",
+    "sampler.mesh=(2,1,1)",
+    "train.async_mode=async",
+  )
+  found = plan.plan_run(config, "v5e:2x2")
+  assert found.mesh == {"data": 2, "fsdp": 1, "tensor": 1}
+  assert found.rollout_mesh == {"data": 2, "fsdp": 1, "tensor": 1}
+  assert found.fits
+  it = found.iteration
+  assert it["total"] == pytest.approx(
+    max(it["rollout"], it["score"] + it["update"])
+  )
+  assert "rollout mesh" in plan.table(found) and "beside" in plan.table(found)
+  run = found.to_json()
+  assert run["rollout_mesh"] == {"data": 2, "fsdp": 1, "tensor": 1}
+  devices = plan.topology_devices(plan.parse_slice("v5e:2x2"))
+  from rljax.training import _abstract
+
+  task = _abstract.run_task(config)
+  abstract = _abstract.abstract_run(
+    config,
+    devices,
+    task=task,
+    policy_config=_abstract.model_config(config.model, task.alphabet),
+  )
+  assert list(abstract.rollout_mesh.devices.flat) == devices[2:]
+  assert list(abstract.mesh.devices.flat) == devices[:2]
