@@ -131,9 +131,11 @@ class Pipeline:
       self._started += 1
       snapshot = self._snapshots[self._latest]
       value = self._produce(index, snapshot)
-      produced = Produced(index, snapshot.version, value, 0.0)
+      seconds = time.perf_counter() - start
+      produced = Produced(index, snapshot.version, value, seconds)
       self._taken += 1
-      return Taken(produced, version - produced.version, [], 0.0, 0)
+      # The update waited for the whole rollout.
+      return Taken(produced, version - produced.version, [], seconds, 0)
     dropped = []
     with self._cv:
       while True:

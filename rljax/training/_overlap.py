@@ -95,7 +95,7 @@ class Overlap:
     the weights it started with; with partial rollouts, also the mean and
     largest over its tokens), the samples dropped for age (so far), the
     rollouts left queued, and the fraction of the step the update waited
-    for its rollout."""
+    for its rollout (in sync mode: while it was produced)."""
     out = {}
     rollout = taken.produced.value.scored.rollout
     if rollout.version_PGT is not None:
@@ -106,8 +106,6 @@ class Overlap:
     if self.to_rollout_mesh is not None:
       out["weight_transfer_bytes"] = float(self.transfer_bytes)
       out["weight_wait_seconds"] = taken.produced.value.weights_wait
-    if self.mode == "sync":
-      return out
     return out | {
       "staleness": float(taken.staleness),
       "dropped_samples": float(self.dropped_samples),
