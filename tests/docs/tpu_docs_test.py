@@ -485,6 +485,7 @@ def test_the_quoted_error_messages_are_rljaxs(monkeypatch):
 
   from rljax import models
   from rljax import sharding
+  from rljax import training
   from rljax.models import _transformer
   from rljax.training import Trainer
   from rljax.training import _hosts
@@ -505,7 +506,9 @@ def test_the_quoted_error_messages_are_rljaxs(monkeypatch):
   # Part of a pod.
   monkeypatch.setattr(jax, "process_count", lambda: POD_HOSTS)
   monkeypatch.setattr(jax, "device_count", lambda: POD_CHIPS)
-  message(_trainer_setup.run_mesh, (2, 2, 1))
+  monkeypatch.setattr(jax, "devices", lambda: chips)
+  part = training.override(training.RunConfig(), ["train.mesh=(2,2,1)"])
+  message(_trainer_setup.run_meshes, part)
   monkeypatch.undo()
   # Batch sizes.
   mesh16 = types.SimpleNamespace(
