@@ -17,7 +17,7 @@ those seconds the update waited for its rollout (sync: the whole rollout).
 Modes alternate within each repeat (their order rotates), ``--repeats``
 times; the report gives, per workload, the median tokens/s of each mode
 and the median ratio to sync with its range, and writes
-docs/figures/async_throughput.json.
+docs/figures/async_throughput.json and a plot beside it.
 
 On CPU the rollout and the update run on the same two cores: an async
 producer takes cores from the update, so the figure shows what overlapping
@@ -118,6 +118,29 @@ def run(workload: str, mode: str, steps: int) -> dict:
   }
 
 
+def plot(records: list[dict], png: pathlib.Path) -> None:
+  """Tokens/s of each mode per workload: the median, and each run."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  workloads = sorted({r["workload"] for r in records})
+  fig = Figure(figsize=(3.2 * len(workloads), 3.4), layout="constrained")
+  for i, workload in enumerate(workloads):
+    ax = fig.add_subplot(1, len(workloads), i + 1)
+    for j, mode in enumerate(MODES):
+      tps = [
+        r["tokens_per_second"]
+        for r in records
+        if r["workload"] == workload and r["mode"] == mode
+      ]
+      ax.bar(j, statistics.median(tps), color=f"C{j}", alpha=0.6)
+      ax.scatter([j] * len(tps), tps, color="k", s=10, zorder=3)
+    ax.set_xticks(range(len(MODES)), list(MODES))
+    ax.set(title=workload, ylabel="trained tokens / s")
+    ax.grid(alpha=0.3, axis="y")
+  FigureCanvasAgg(fig).print_png(str(png))
+
+
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   print("load:", os.getloadavg(), flush=True)
@@ -147,7 +170,9 @@ def main(argv=None) -> int:
         f" of sync (range {ratios[0]:.2f}-{ratios[-1]:.2f}), update waiting"
         f" {wait:.0%}"
       )
-  print(f"wrote {args.out}")
+  png = pathlib.Path(args.out).with_suffix(".png")
+  plot(records, png)
+  print(f"wrote {args.out} and {png}")
   return 0
 
 

@@ -221,7 +221,13 @@ class Trainer(_runner.Runner):
     try:
       return super().run(steps=steps)
     finally:
-      self._overlap.close()
+      self.close()
+
+  def close(self) -> None:
+    """Stop an asynchronous run's producer, after the rollout it is
+    producing (`run` does at its end; call it after driving `step`
+    yourself). A later `step` starts a new one."""
+    self._overlap.close()
 
   def _raw_batch(self, scored) -> Batch:
     """The global batch of a scored rollout (this process's rows)."""
