@@ -39,6 +39,9 @@ class Overlap:
     """A new pipeline whose first rollout is `step`'s, produced from
     `weights` (the state after `step` updates)."""
     self.close()
+    made = []  # the producer may ask before the constructor returns
+    if self.partial:
+      produce.newest = lambda: made[0].newest() if made else None
     self._pipeline = pipeline.Pipeline(
       produce,
       mode=self.mode,
@@ -47,8 +50,7 @@ class Overlap:
       start=step,
       snapshot=pipeline.Snapshot(step, self._snapshot(weights)),
     )
-    if self.partial:
-      produce.newest = self._pipeline.newest
+    made.append(self._pipeline)
     self.next_step = step
 
   def take(self, step: int) -> pipeline.Taken:

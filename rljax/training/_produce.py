@@ -153,7 +153,7 @@ class Producer:
     """(version, policy) of weights newer than those sampling, or None (the
     engine's ``refresh``: a partial rollout continues under them)."""
     snapshot = self.newest()
-    if snapshot.version <= self._version:
+    if snapshot is None or snapshot.version <= self._version:
       return None
     self._version = snapshot.version
     self._policy = nnx.merge(self.graphdef, snapshot.weights[0])
