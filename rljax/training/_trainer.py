@@ -8,6 +8,12 @@ the update runs sharded on the mesh with explicit in/out shardings. Step
 ``s`` samples with ``fold_in(key, s)`` and checkpoints carry the data
 iterator's position, so a resumed run continues exactly.
 
+Each step takes its rollout from a pipeline (`_overlap`, `rljax.pipeline`):
+produced when the step asks (``train.async_mode="sync"``), or ahead of it
+by a producer thread sampling with weights at most ``train.max_staleness``
+updates old (`_produce` makes a rollout from a snapshot of the weights);
+the scoring pass and the update always run on the current weights.
+
 Each process loads, decodes and scores only the prompts of the rows its
 devices hold; the jitted programs see global arrays (`_hosts`).
 """
