@@ -85,6 +85,7 @@ MECHANISM_CONFIGS = {
   "sft_grpo": "grpo",  # RL from the SFT run's model
   "opd": "opd_grpo",
   "grpo_lora": "grpo",  # LoRA adapters on SmolLM2
+  "grpo_async": "grpo",  # rollouts beside the update (train.async_mode)
 }
 # Post-training runs (`rljax.posttrain`): their kind and objective.
 POSTTRAIN_CONFIGS = {
