@@ -229,6 +229,13 @@ class Trainer(_runner.Runner):
     finally:
       self.close()
 
+  def dry_run(self) -> dict[str, Any]:
+    """`Runner.dry_run`; an asynchronous run's producer stops after it."""
+    try:
+      return super().dry_run()
+    finally:
+      self.close()
+
   def close(self) -> None:
     """Stop an asynchronous run's producer, after the rollout it is
     producing (`run` does at its end; call it after driving `step`

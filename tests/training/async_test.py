@@ -71,6 +71,7 @@ def _run(trainer_class, directory, *extra, steps=3):
   return trainer, summary
 
 
+@pytest.mark.slow  # two tiny runs (the default run's time: 9.5 of 10 min)
 def test_async_with_no_staleness_is_the_sync_run_bit_for_bit(tmp_path):
   sync = _run(Trainer, tmp_path / "sync")
   run = _run(
