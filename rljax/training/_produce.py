@@ -57,8 +57,11 @@ class Producer:
     self.graphdef = t.models.policy
     self.needs = t.needs
     self.algorithm = t.algorithm
-    self.annotate = t.annotate
     self.keep = t._keep
+    # The trainer's: global arrays from this process's rows, and the global
+    # batch of a scored rollout (with the run's annotations).
+    self.to_global = t._global
+    self.raw_batch = t._raw_batch
     self.prompt_state = t.prompt_state
     self.groups_state = t.groups_state
     # The pipeline's newest weights (`pipeline.Pipeline.newest`), when the
@@ -85,7 +88,7 @@ class Producer:
       greedy = self.sampling.sample(
         policy, scored.examples, jax.random.key(0), greedy=True
       )
-      baseline = self._global(greedy.rewards_PG[:, 0])
+      baseline = self.to_global(greedy.rewards_PG[:, 0])
     return Rollout(
       scored,
       refills,
@@ -96,10 +99,6 @@ class Producer:
       self.groups_state,
       weights_wait,
     )
-
-  def _global(self, tree):
-    """Global arrays from this process's rows of a training batch."""
-    return _hosts.to_global(tree, self.mesh, self.config.train.prompts_per_step)
 
   def _next_prompts(self, index: int):
     """The prompt sampler's next global batch (this process's rows of it),
@@ -184,7 +183,7 @@ class Producer:
       )
       # Filters read rewards only: the log-prob fields are stand-ins.
       batch = _trainer_batch.with_stand_ins(
-        self._global(_trainer_batch.raw_batch(scored, self.annotate)),
+        self.raw_batch(scored),
         self.needs,
         self.algorithm.rescores,
       )
