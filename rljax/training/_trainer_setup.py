@@ -82,12 +82,9 @@ def run_meshes(config: RunConfig):
       " colocated: drop both."
     )
   train, rollout = split_devices(c, devices)
-  if rollout is None:
-    return _mesh("train.mesh", c.train.mesh, train), None
-  return (
-    _mesh("train.mesh", c.train.mesh, train),
-    _mesh("sampler.mesh", c.sampler.mesh, rollout),
-  )
+  if rollout is not None:
+    rollout = _mesh("sampler.mesh", c.sampler.mesh, rollout)
+  return _mesh("train.mesh", c.train.mesh, train), rollout
 
 
 def split_devices(config: RunConfig, devices):
