@@ -81,6 +81,12 @@ class Pipeline:
     order: which ready rollout the update takes first (`ORDERS`).
     start: the index of the first rollout (the step a run resumes at).
     snapshot: the weights at `start`.
+    agree: with several processes (each with a pipeline, whose producers
+      sample together), ``agree(n)``: the largest ``n`` the processes pass,
+      a collective the producer thread calls. An ``"async"`` producer then
+      samples each rollout (and continues a partial one, `newest`) with
+      the version every process agrees on, the newest any of them has;
+      the others wait for it. None: one process.
   """
 
   def __init__(
@@ -92,6 +98,7 @@ class Pipeline:
     order: str = "oldest",
     start: int = 0,
     snapshot: Snapshot,
+    agree: Optional[Callable[[int], int]] = None,
   ):
     if mode not in MODES:
       raise ValueError(f"mode={mode!r}: choose one of {MODES}.")
@@ -103,12 +110,17 @@ class Pipeline:
     self.bound = {"sync": 0, "one_step_off": 1}.get(mode, max_staleness)
     self.order = order
     self._produce = produce
+    self._agree = agree
     self._start = start
     self._snapshots = {snapshot.version: snapshot}
     self._latest = snapshot.version
     self._ready: list[Produced] = []
     self._started = self._retired = 0
     self._taken = 0  # taken, not yet retired by a publish
+    # Versions from this one on are kept while the processes agree on one.
+    self._floor: Optional[int] = None
+    self._stop_at: Optional[int] = None  # `pause`: start no index from here
+    self._producing = False
     self._error: Optional[BaseException] = None
     self._closed = False
     self.producer_waited = 0.0  # seconds the producer waited on the bound
@@ -164,18 +176,71 @@ class Pipeline:
       self._latest = max(self._latest, snapshot.version)
       # Keep what the producer may still read: one_step_off reads the
       # version before the newest.
-      keep = 2 if self.mode == "one_step_off" else 1
-      for v in sorted(self._snapshots)[:-keep]:
-        del self._snapshots[v]
+      self._prune()
       self._retired += self._taken
       self._taken = 0
       self._cv.notify_all()
 
+  def _prune(self) -> None:
+    """Drop the weights the producer can no longer read (under the lock)."""
+    # one_step_off reads the version before the newest.
+    keep = 2 if self.mode == "one_step_off" else 1
+    for v in sorted(self._snapshots)[:-keep]:
+      if self._floor is None or v < self._floor:
+        del self._snapshots[v]
+
   def newest(self) -> Snapshot:
     """The newest published weights (a producer continuing a rollout under
-    them: a partial rollout across updates)."""
+    them: a partial rollout across updates); with several processes, the
+    version they agree on (see ``agree``)."""
     with self._cv:
-      return self._snapshots[self._latest]
+      snapshot = self._snapshots[self._latest]
+      if self._agree is not None:
+        self._floor = snapshot.version
+    return self._agreed(snapshot)
+
+  def _agreed(self, snapshot: Snapshot) -> Snapshot:
+    """The version the processes agree on, from this one's `snapshot`
+    (kept from the `_floor` up while they agree): itself, or newer weights
+    the trainer is about to publish here, waited for."""
+    if self._agree is None:
+      return snapshot
+    version = self._agree(snapshot.version)
+    with self._cv:
+      while version not in self._snapshots and not self._closed:
+        self._cv.wait()
+      if self._closed:
+        raise _Closed()
+      self._floor = None
+      snapshot = self._snapshots[version]
+      self._prune()
+    return snapshot
+
+  @property
+  def started(self) -> int:
+    """The index of the next rollout the producer starts."""
+    with self._cv:
+      return self._start + self._started
+
+  def pause(self, at: int) -> None:
+    """Start no rollout from index `at` on (a run's processes agree on it,
+    the largest `started`), and return once the producer has produced
+    those before it: a multi-process run's trainer then launches programs
+    on the rollout devices (evaluation) in the same order everywhere.
+    `resume` lets the producer go on."""
+    with self._cv:
+      self._stop_at = at
+      self._cv.notify_all()
+      while self._error is None and not self._closed and self._thread and (
+        self._start + self._started < at or self._producing
+      ):
+        self._cv.wait()
+
+  def resume(self) -> None:
+    """Undo `pause`."""
+    with self._cv:
+      self._stop_at = None
+      self._cv.notify_all()
 
   def close(self) -> None:
     """Stop the producer (after the rollout it is producing) and drop what
@@ -196,6 +261,7 @@ class Pipeline:
           start = time.perf_counter()
           while not self._closed and (
             self._started - self._retired > self.bound
+            or self._paused()
           ):
             self._cv.wait()
           self.producer_waited += time.perf_counter() - start
@@ -203,17 +269,31 @@ class Pipeline:
             return
           index = self._start + self._started
           self._started += 1
+          self._producing = True
           snapshot = self._snapshot_for(index)
+          if self.mode == "async" and self._agree is not None:
+            self._floor = snapshot.version
         start = time.perf_counter()
+        if self.mode == "async":
+          snapshot = self._agreed(snapshot)
         value = self._produce(index, snapshot)
         seconds = time.perf_counter() - start
         with self._cv:
           self._ready.append(Produced(index, snapshot.version, value, seconds))
+          self._producing = False
           self._cv.notify_all()
+    except _Closed:
+      return
     except BaseException as e:  # handed to the trainer by `take`
       with self._cv:
         self._error = e
         self._cv.notify_all()
+
+  def _paused(self) -> bool:
+    """Whether `pause` holds the next index back (under the lock)."""
+    return self._stop_at is not None and (
+      self._start + self._started >= self._stop_at
+    )
 
   def _snapshot_for(self, index: int) -> Snapshot:
     """one_step_off: the weights of ``index - 1`` updates (the run's first
@@ -221,3 +301,7 @@ class Pipeline:
     if self.mode == "one_step_off":
       return self._snapshots[max(self._start, index - 1)]
     return self._snapshots[self._latest]
+
+
+class _Closed(Exception):
+  """The pipeline closed while its producer waited for weights."""

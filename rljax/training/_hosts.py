@@ -16,6 +16,7 @@ of prompts for any number of processes, so a run resumes on a different
 number of hosts.
 """
 
+import functools
 import os
 from typing import Any, Optional
 
@@ -133,24 +134,74 @@ def to_local(tree: Any, mesh) -> Any:
   return jax.tree.map(read, tree)
 
 
-def process_sum(values: Any) -> Any:
+def process_sum(values: Any, mesh=None) -> Any:
   """Every leaf summed over processes (host values; a collective: every
-  process must call it)."""
+  process must call it). With `mesh`, the collective runs on that mesh's
+  devices alone (see `allgather`)."""
   if jax.process_count() == 1:
     return jax.tree.map(np.asarray, values)
-  gathered = multihost_utils.process_allgather(jax.tree.map(np.asarray, values))
+  gathered = allgather(jax.tree.map(np.asarray, values), mesh)
   return jax.tree.map(lambda x: np.asarray(x).sum(0), gathered)
+
+
+def process_max(value: int, mesh=None) -> int:
+  """The largest of every process's `value` (a collective, as
+  `process_sum`)."""
+  if jax.process_count() == 1:
+    return int(value)
+  return int(np.max(allgather(np.int64(value), mesh)))
+
+
+def allgather(tree: Any, mesh=None) -> Any:
+  """Every process's host values of each leaf, stacked in process order (a
+  collective every process calls).
+
+  Without `mesh` it runs on every device (`multihost_utils.
+  process_allgather`). With one, on that mesh's devices alone: a thread
+  that drives one mesh of a run with two (an asynchronous producer on the
+  rollout mesh beside the update's) then never launches a program on the
+  other's devices, whose order would differ between processes.
+  """
+  if mesh is None:
+    return multihost_utils.process_allgather(tree)
+  devices = list(mesh.devices.reshape(-1))
+  line = jax.sharding.Mesh(np.asarray(devices), ("hosts",))
+  split = jax.sharding.NamedSharding(line, jax.sharding.PartitionSpec("hosts"))
+  mine = [d for d in devices if d.process_index == jax.process_index()]
+  # Each process's row, read from the first of its devices.
+  first = {}
+  for i, d in enumerate(devices):
+    first.setdefault(d.process_index, i)
+  rows = [first[p] for p in sorted(first)]
+
+  def gather(x):
+    x = np.asarray(x)
+    arr = jax.make_array_from_single_device_arrays(
+      (len(devices), *x.shape),
+      split,
+      [jax.device_put(x[None], d) for d in mine],
+    )
+    return np.asarray(_replicator(line)(arr).addressable_data(0))[rows]
+
+  return jax.tree.map(gather, tree)
+
+
+@functools.lru_cache
+def _replicator(mesh):
+  """A program placing its input on every device of `mesh` (an
+  all-gather); one per mesh, so it compiles once per shape."""
+  full = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.jit(lambda a: a, out_shardings=full)
 
 
 def gather_rows(tree: Any, mesh, rows: int) -> Any:
   """Global [rows, ...] numpy arrays on every process from each process's
-  rows (`own_rows` order) of every leaf (a collective)."""
+  rows (`own_rows` order) of every leaf (a collective on `mesh`'s
+  devices)."""
   mine = own_rows(mesh, rows)
   if jax.process_count() == 1:
     return jax.tree.map(lambda x: np.asarray(x)[np.argsort(mine)], tree)
-  gathered = multihost_utils.process_allgather(
-    (mine, jax.tree.map(np.asarray, tree))
-  )
+  gathered = allgather((mine, jax.tree.map(np.asarray, tree)), mesh)
   index = np.asarray(gathered[0]).reshape(-1)
 
   def place(x):
@@ -161,3 +212,57 @@ def gather_rows(tree: Any, mesh, rows: int) -> Any:
     return out
 
   return jax.tree.map(place, gathered[1])
+
+
+def twin_mesh(mesh, target):
+  """`mesh`'s devices as a mesh shaped as `target` with one more axis,
+  each of `target`'s positions on the process of `target`'s device there
+  (`transfer`'s staging layout); raises ValueError unless every process
+  holds the same multiple of its `target` devices in `mesh`."""
+  free = {}  # process index -> its devices of `mesh`, in order
+  for d in mesh.devices.reshape(-1):
+    free.setdefault(d.process_index, []).append(d)
+  k, rest = divmod(mesh.devices.size, target.devices.size)
+  twin = []
+  for d in target.devices.reshape(-1):
+    if rest or len(free.get(d.process_index, ())) < k:
+      raise ValueError(
+        f"the update's {mesh.devices.size} devices are not {k or 1} for"
+        f" each of the rollouts' {target.devices.size} on its process."
+      )
+    twin.append(free[d.process_index][:k])
+    del free[d.process_index][:k]
+  devices = np.asarray(twin, dtype=object).reshape(*target.devices.shape, k)
+  return jax.sharding.Mesh(devices, (*target.axis_names, "_copies"))
+
+
+def transfer(tree: Any, shardings: Any, twin) -> Any:
+  """Every leaf of `tree` placed as `shardings` (named shardings, or a
+  prefix tree of them as for `jax.device_put`, on another mesh of the same
+  processes) without a program on the target's devices: a program on the
+  leaf's own devices lays it out on `twin` (`twin_mesh`) as the target
+  wants it, then each process copies its shards to the target's devices
+  at the same positions, device to device.
+
+  A thread that drives the target mesh (an asynchronous producer) thus
+  never sees a program of this thread's on its devices, whose order
+  between processes would differ.
+  """
+
+  def place(x, target):
+    # The first twin device at each position -> the target's there.
+    moved = dict(zip(twin.devices[..., 0].flat, target.mesh.devices.flat))
+    staged = jax.device_put(x, jax.sharding.NamedSharding(twin, target.spec))
+    shards = [
+      jax.device_put(s.data, moved[s.device])
+      for s in staged.addressable_shards
+      if s.device in moved
+    ]
+    return jax.make_array_from_single_device_arrays(x.shape, target, shards)
+
+  # `shardings` may be a prefix of `tree` (as for `jax.device_put`).
+  return jax.tree.map(
+    lambda target, x: jax.tree.map(lambda leaf: place(leaf, target), x),
+    shardings,
+    tree,
+  )

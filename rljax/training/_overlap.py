@@ -9,6 +9,7 @@ copy: one more copy of the policy's weights (and the algorithm state) in
 device memory.
 """
 
+import contextlib
 from typing import Any, Optional
 
 import jax
@@ -22,9 +23,12 @@ from rljax.training._config import RunConfig
 class Overlap:
   """The run's `pipeline.Pipeline` and its bookkeeping."""
 
-  def __init__(self, config: RunConfig, to_rollout_mesh=None):
+  def __init__(self, config: RunConfig, to_rollout_mesh=None, agree=None):
     t = config.train
-    # Disaggregated: moves the policy's weights to the rollout mesh.
+    # Several processes: ``(on_update_mesh, on_rollout_mesh)``, each
+    # ``fn(n)`` the largest n over processes, a collective on that mesh.
+    self.agree = agree
+    # Disaggregated: moves (params, algo_state) to the rollout mesh.
     self.to_rollout_mesh = to_rollout_mesh
     self.transfer_bytes = 0
     self.mode = t.async_mode
@@ -49,6 +53,7 @@ class Overlap:
       order=self.order,
       start=step,
       snapshot=pipeline.Snapshot(step, self._snapshot(weights)),
+      agree=None if self.agree is None else self.agree[1],
     )
     made.append(self._pipeline)
     self.next_step = step
@@ -79,18 +84,16 @@ class Overlap:
 
   def _snapshot(self, weights) -> Any:
     """The weights as the producer reads them: the live arrays in sync mode
-    (sampled before the update donates them), else a copy; the policy's
-    moved to the rollout mesh when the run has one (the transfer is
-    dispatched here and runs beside what follows)."""
-    params, algo_state = weights
-    if self.mode != "sync":
-      algo_state = jax.tree.map(jnp.copy, algo_state)
+    (sampled before the update donates them), else a copy; moved to the
+    rollout mesh when the run has one (the transfer is dispatched here and
+    runs beside what follows)."""
     if self.to_rollout_mesh is not None:
-      params = self.to_rollout_mesh(params)
+      params, algo_state = self.to_rollout_mesh(weights)
       self.transfer_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    elif self.mode != "sync":
-      params = jax.tree.map(jnp.copy, params)
-    return params, algo_state
+      return params, algo_state
+    if self.mode != "sync":
+      return jax.tree.map(jnp.copy, weights)
+    return weights
 
   def metrics(self, taken: pipeline.Taken, seconds: float) -> dict:
     """What the step logs about the overlap: the rollout's staleness (of
@@ -116,9 +119,26 @@ class Overlap:
       "producer_wait_seconds": self._pipeline.producer_waited,
     }
 
+  @contextlib.contextmanager
+  def paused(self):
+    """With several processes, the producer held at a rollout they agree
+    on while the trainer launches programs on the rollout mesh (or on
+    every device: orbax's barriers); one process needs no pause."""
+    if self.agree is None or self._pipeline is None:
+      yield
+      return
+    self._pipeline.pause(self.agree[0](self._pipeline.started))
+    try:
+      yield
+    finally:
+      self._pipeline.resume()
+
   def close(self) -> None:
-    """Stop the producer (after the rollout it is producing)."""
+    """Stop the producer (after the rollout it is producing; with several
+    processes, after the rollouts any of them started)."""
     if self._pipeline is not None:
+      if self.agree is not None:
+        self._pipeline.pause(self.agree[0](self._pipeline.started))
       self._pipeline.close()
       self._pipeline = None
     self.next_step = None

@@ -28,7 +28,7 @@ from rljax.training import _trainer_rollouts
 class Rollout(NamedTuple):
   """A produced step: the scored rollout (this process's rows), the
   refills it took and the groups its filters kept, the step's temperature,
-  ReMax's greedy baseline (or None), the prompt sampler's and group
+  ReMax's greedy baseline (this process's rows, or None), the prompt sampler's and group
   strategy's states after it, and the seconds the producer waited for its
   weights to arrive (a transfer to the rollout mesh still under way)."""
 
@@ -50,7 +50,9 @@ class Producer:
     self.config = t.config
     self.task = t.task
     self.rows = t.rows
-    self.mesh = t.mesh
+    # Everything the producer launches runs on the rollout mesh: with a
+    # mesh of its own, the update's devices never see its programs.
+    self.mesh = t.rollout_mesh
     self.prompt_sampler = t.prompt_sampler
     self.groups = t.groups
     self.sampling = t._sampling
@@ -58,10 +60,7 @@ class Producer:
     self.needs = t.needs
     self.algorithm = t.algorithm
     self.keep = t._keep
-    # The trainer's: global arrays from this process's rows, and the global
-    # batch of a scored rollout (with the run's annotations).
-    self.to_global = t._global
-    self.raw_batch = t._raw_batch
+    self.annotate = t.annotate
     self.prompt_state = t.prompt_state
     self.groups_state = t.groups_state
     # The pipeline's newest weights (`pipeline.Pipeline.newest`), when the
@@ -88,7 +87,7 @@ class Producer:
       greedy = self.sampling.sample(
         policy, scored.examples, jax.random.key(0), greedy=True
       )
-      baseline = self.to_global(greedy.rewards_PG[:, 0])
+      baseline = np.asarray(greedy.rewards_PG[:, 0])  # this process's rows
     return Rollout(
       scored,
       refills,
@@ -182,8 +181,13 @@ class Producer:
         self.prompt_state, feedback
       )
       # Filters read rewards only: the log-prob fields are stand-ins.
+      raw = _hosts.to_global(
+        _trainer_batch.raw_batch(scored, self.annotate),
+        self.mesh,
+        self.config.train.prompts_per_step,
+      )
       batch = _trainer_batch.with_stand_ins(
-        self.raw_batch(scored),
+        raw,
         self.needs,
         self.algorithm.rescores,
       )
@@ -194,7 +198,7 @@ class Producer:
       pool.append(scored)
       kept += [offset + i for i in np.flatnonzero(keep)]
       dropped += [offset + i for i in np.flatnonzero(keep == 0)]
-      if not _hosts.process_sum(np.int32(len(kept) < p)):
+      if not _hosts.process_sum(np.int32(len(kept) < p), self.mesh):
         break
     order = np.asarray((kept + dropped)[:p])
     scored = _rollout.take_groups(pool, order)

@@ -30,6 +30,7 @@ only process 0 writes logs, rollouts and plots.
 """
 
 import abc
+import contextlib
 from collections.abc import Sequence
 import functools
 import pathlib
@@ -111,6 +112,7 @@ class Runner(abc.ABC):
     # Where the policy samples: its own mesh (``sampler.mesh``) or the
     # update's.
     self.rollout_mesh = rollout_mesh or self.mesh
+    self._twin = None  # `to_rollout_mesh`'s staging mesh (several processes)
     self.allow_changes = (*_trainer_resume.RESUMABLE_CHANGES, *allow_changes)
     self.directory = pathlib.Path(c.output.directory)
     self._writer = jax.process_index() == 0  # logs, rollouts, plots
@@ -162,6 +164,13 @@ class Runner(abc.ABC):
   @abc.abstractmethod
   def _compiled_step(self):
     """The compiled program of the last step (for `dry_run`)."""
+
+  def _quiet(self):
+    """A context in which this thread may launch programs on any device in
+    the same order on every process (evaluation, checkpoint barriers): a
+    run kind with work of its own beside the steps (an asynchronous
+    producer on several processes) holds it there."""
+    return contextlib.nullcontext()
 
   # --- building -------------------------------------------------------------
 
@@ -305,6 +314,10 @@ class Runner(abc.ABC):
     _trainer_resume.check_savable(self.state, step)
     # The prompt sampler's state is the same on every process, so it goes
     # in the metadata: a checkpoint resumes on any number of hosts.
+    with self._quiet():  # orbax's barriers run on every device
+      self._save(step, force)
+
+  def _save(self, step: int, force: bool) -> None:
     self.checkpointer.save(
       step,
       self.state,
@@ -329,14 +342,20 @@ class Runner(abc.ABC):
     params = self.to_rollout_mesh(self.state.policy.params)
     return nnx.merge(self.models.policy, params)
 
-  def to_rollout_mesh(self, params):
+  def to_rollout_mesh(self, params, shardings=None):
     """`params` (the policy's) placed on the rollout mesh: themselves when
-    the run samples on the update's mesh, else a resharding transfer."""
+    the run samples on the update's mesh, else a resharding transfer (to
+    `shardings` on it; default: the policy's). With several processes it
+    never runs a program on the rollout devices (`_hosts.transfer`)."""
     if self.rollout_mesh is self.mesh:
       return params
-    return jax.device_put(
-      params, sharding.param_shardings(params, self.rollout_mesh)
-    )
+    if shardings is None:
+      shardings = sharding.param_shardings(params, self.rollout_mesh)
+    if jax.process_count() == 1:
+      return jax.device_put(params, shardings)
+    if self._twin is None:
+      self._twin = _hosts.twin_mesh(self.mesh, self.rollout_mesh)
+    return _hosts.transfer(params, shardings, self._twin)
 
   def _sample(self, examples, key, **kwargs):
     """Sample and score this process's `examples` with the current policy
@@ -394,6 +413,10 @@ class Runner(abc.ABC):
     mesh's batch axes and split over processes like a training batch; the
     padding is not counted.
     """
+    with self._quiet():
+      return self._evaluate(num_prompts)
+
+  def _evaluate(self, num_prompts: Optional[int]) -> dict[str, float]:
     t = self.config.train
     n = min(num_prompts or t.eval_prompts, len(self.task.test))
     rows, padded = _trainer_report.eval_rows(self.rollout_mesh, n)
@@ -435,7 +458,8 @@ class Runner(abc.ABC):
       finally:
         logger.close()
         if self.checkpointer is not None:
-          self.checkpointer.wait()
+          with self._quiet():
+            self.checkpointer.wait()
 
   def _run(self, logger, steps: Optional[int]) -> dict[str, Any]:
     c = self.config
@@ -465,7 +489,8 @@ class Runner(abc.ABC):
     logger.log(end, after)
     if self.checkpointer is not None:
       self.save(end, force=True)
-      self.checkpointer.wait()
+      with self._quiet():
+        self.checkpointer.wait()
     plot = None
     if c.output.plot and self._writer:
       plot = monitoring.plot_learning_curves(

@@ -19,11 +19,14 @@ devices hold; the jitted programs see global arrays (`_hosts`).
 """
 
 from collections.abc import Callable, Sequence
+import functools
 import time
 from typing import Any, Optional
 
 from flax import nnx
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rljax import rollouts
 from rljax import selection
@@ -33,6 +36,7 @@ from rljax._src.base import Algorithm
 from rljax._src.base import Batch
 from rljax._src.base import finalize
 from rljax.training import _build
+from rljax.training import _hosts
 from rljax.training import _overlap
 from rljax.training import _produce
 from rljax.training import _rollout
@@ -123,8 +127,14 @@ class Trainer(_runner.Runner):
     super()._build(resume, task, rewards, teacher)
     self._build_programs()
     disaggregated = self.rollout_mesh is not self.mesh
+    agree = None
+    if jax.process_count() > 1:  # the producer's and the trainer's
+      agree = tuple(
+        functools.partial(_hosts.process_max, mesh=m)
+        for m in (self.mesh, self.rollout_mesh)
+      )
     self._overlap = _overlap.Overlap(
-      self.config, self.to_rollout_mesh if disaggregated else None
+      self.config, self._to_producer if disaggregated else None, agree
     )
 
   def _build_programs(self) -> None:
@@ -191,6 +201,7 @@ class Trainer(_runner.Runner):
         r.num_kept,
         rows=len(self.rows),
         prompts_per_step=self.config.train.prompts_per_step,
+        mesh=self.mesh,
       )
     )
     out["seconds"] = time.perf_counter() - start
@@ -218,6 +229,20 @@ class Trainer(_runner.Runner):
     algorithm state (its filters read it)."""
     return (self.state.policy.params, self.state.policy.algo_state)
 
+  def _to_producer(self, weights):
+    """The producer's weights, moved to the rollout mesh: the policy's as
+    it samples, the algorithm state as it is laid out here."""
+    params, algo_state = weights
+    leaves, tree = jax.tree.flatten(algo_state)
+    moved = self.to_rollout_mesh(
+      leaves,
+      [
+        NamedSharding(self.rollout_mesh, getattr(x.sharding, "spec", P()))
+        for x in leaves
+      ],
+    )
+    return self.to_rollout_mesh(params), jax.tree.unflatten(tree, moved)
+
   def _publish(self, version: int) -> None:
     """The updated weights, to the pipeline's producer."""
     self._overlap.publish(version, self._weights())
@@ -236,6 +261,10 @@ class Trainer(_runner.Runner):
     finally:
       self.close()
 
+  def _quiet(self):
+    """With several processes, an asynchronous producer holds still."""
+    return self._overlap.paused()
+
   def close(self) -> None:
     """Stop an asynchronous run's producer, after the rollout it is
     producing (`run` does at its end; call it after driving `step`
@@ -251,7 +280,9 @@ class Trainer(_runner.Runner):
     fields (under the current weights) and, for ReMax, the baseline."""
     batch = self._with_old(self._raw_batch(r.scored), seqs)
     if r.baseline_rewards is not None:
-      batch = batch._replace(baseline_rewards_P=r.baseline_rewards)
+      batch = batch._replace(
+        baseline_rewards_P=self._global(r.baseline_rewards)
+      )
     return batch
 
   def _with_old(self, batch: Batch, seqs) -> Batch:

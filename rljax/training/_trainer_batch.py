@@ -66,7 +66,7 @@ def with_stand_ins(batch: Batch, needs, rescores) -> Batch:
   """The filter pass's batch: zeros for the fields the algorithm reads
   (filters read rewards only) and the sampler's log-probs as the old
   policy's."""
-  zeros = jnp.zeros(batch.mask_PGT.shape)
+  zeros = jnp.zeros_like(batch.mask_PGT, jnp.float32)  # where the batch is
   return batch._replace(
     baseline_rewards_P=zeros[:, 0, 0] if needs["baseline_rewards_P"] else None,
     old_logp_PGT=batch.rollout_logp_PGT,

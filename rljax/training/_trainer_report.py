@@ -69,10 +69,10 @@ def episode_metrics(scored) -> dict[str, np.ndarray]:
 
 
 def rollout_metrics(
-  scored, refills, num_kept, *, rows: int, prompts_per_step: int
+  scored, refills, num_kept, *, rows: int, prompts_per_step: int, mesh=None
 ) -> dict[str, float]:
-  """Means over every process's samples (sums over processes / counts);
-  `rows`: this process's prompts."""
+  """Means over every process's samples (sums over processes / counts, a
+  collective on `mesh`'s devices); `rows`: this process's prompts."""
   values = np.asarray(scored.scores.values_NK)
   mask = np.asarray(scored.rollout.mask_PGT)
   valid = np.asarray(scored.rollout.sample_mask_PG).reshape(-1) > 0
@@ -89,7 +89,7 @@ def rollout_metrics(
     **{k: v * n for k, v in scored.scores.metrics.items()},
   }
   sums = {k: np.float64(v) for k, v in sums.items()}
-  total = _hosts.process_sum({"count": np.float64(n), **sums})
+  total = _hosts.process_sum({"count": np.float64(n), **sums}, mesh)
   out = {k: float(total[k] / total["count"]) for k in sums}
   out["kept_groups"] *= prompts_per_step
   out["tokens"] = float(total["response_length"])

@@ -10,6 +10,7 @@ import logging
 import math
 
 import jax
+import numpy as np
 
 from rljax import algorithms
 from rljax import checkpointing
@@ -19,6 +20,7 @@ from rljax import sharding
 from rljax._src.base import Algorithm
 from rljax._src.errors import UserError
 from rljax.training import _build
+from rljax.training import _hosts
 from rljax.training._config import RunConfig
 from rljax.training._step import UpdateSpec
 from rljax.training._validate import validate
@@ -56,6 +58,8 @@ def check_sizes(config: RunConfig, mesh, rollout_mesh=None) -> None:
       sharding.check_batch("train.prompts_per_step", p, rollout_mesh)
   except ValueError as e:  # the message names the field and the fix
     raise UserError(str(e)) from e
+  if rollout_mesh is not None and jax.process_count() > 1:
+    _check_rows(p, mesh, rollout_mesh)
   mesh = mesh if rollout_mesh is None else rollout_mesh  # where slots run
   slots = config.sampler.slots
   shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
@@ -66,30 +70,61 @@ def check_sizes(config: RunConfig, mesh, rollout_mesh=None) -> None:
     )
 
 
+def _check_rows(rows: int, mesh, rollout_mesh) -> None:
+  """Each process samples the rows of a batch that it updates on."""
+  if not np.array_equal(
+    _hosts.own_rows(mesh, rows), _hosts.own_rows(rollout_mesh, rows)
+  ):
+    raise UserError(
+      f"train.mesh={tuple(mesh.shape.values())} and sampler.mesh="
+      f"{tuple(rollout_mesh.shape.values())}: this process holds other rows"
+      " of a batch on the rollout mesh than on the update's; give both the"
+      " same data x fsdp split over processes (e.g. both (-1, 1, 1) /"
+      " (processes, 1, 1))."
+    )
+
+
 def run_meshes(config: RunConfig):
   """The run's update mesh and rollout mesh: the same one, or with
-  ``sampler.mesh`` one on the last devices and the update's on the devices
-  before them (a fully specified train.mesh may use fewer)."""
+  ``sampler.mesh`` one on the last devices of each process and the
+  update's on the devices before them (a fully specified train.mesh may
+  use fewer on one process)."""
   c = config
   devices = jax.devices()
-  overlapped = c.sampler.mesh or c.train.async_mode != "sync"
-  if overlapped and jax.process_count() > 1:
-    raise UserError(
-      f"train.async_mode={c.train.async_mode!r}, sampler.mesh={c.sampler.mesh}:"
-      " asynchronous and disaggregated runs run on one process for now"
-      " (their producer's host collectives would interleave with the"
-      " trainer's across processes); a multi-host run is synchronous and"
-      " colocated: drop both."
-    )
+  if jax.process_count() > 1:
+    _check_processes(c)
   train, rollout = split_devices(c, devices)
   if rollout is not None:
     rollout = _mesh("sampler.mesh", c.sampler.mesh, rollout)
   return _mesh("train.mesh", c.train.mesh, train), rollout
 
 
+def _check_processes(config: RunConfig) -> None:
+  """What a multi-process run cannot overlap: every process launches each
+  mesh's programs in one order, so an asynchronous producer needs devices
+  of its own and takes its rollouts in order."""
+  t = config.train
+  if t.async_mode != "sync" and not config.sampler.mesh:
+    raise UserError(
+      f"train.async_mode={t.async_mode!r} on {jax.process_count()}"
+      " processes samples on the update's devices, where the producer's and"
+      " the update's programs would start in a different order on each"
+      " process; give the rollouts devices of their own with sampler.mesh"
+      f" (e.g. sampler.mesh=({jax.process_count()}, 1, 1), one device per"
+      " process), or use train.async_mode='sync'."
+    )
+  if t.async_mode == "async" and t.queue_order == "freshest":
+    raise UserError(
+      "train.queue_order='freshest' on several processes: which rollout is"
+      " freshest when a step starts differs between processes; use"
+      " train.queue_order='oldest' (bounded staleness all the same)."
+    )
+
+
 def split_devices(config: RunConfig, devices):
   """(the update's devices, the rollouts' or None): with ``sampler.mesh``
-  the rollouts take the last of `devices` and the update those before."""
+  every process gives the rollouts an equal share of its devices, its
+  last ones, and the update the devices before them."""
   c = config
   if not c.sampler.mesh:
     return list(devices), None
@@ -100,7 +135,27 @@ def split_devices(config: RunConfig, devices):
       " devices and leaves none for train.mesh; use fewer, e.g."
       f" sampler.mesh=({len(devices) // 2}, 1, 1)."
     )
-  return list(devices[: len(devices) - used]), list(devices[-used:])
+  hosts = {}  # process index -> its devices, in order
+  for d in devices:
+    hosts.setdefault(getattr(d, "process_index", 0), []).append(d)
+  if used % len(hosts):
+    raise UserError(
+      f"sampler.mesh={c.sampler.mesh} takes {used} devices; each of the"
+      f" {len(hosts)} processes gives the rollouts an equal share of its"
+      f" own: use a multiple of {len(hosts)} devices."
+    )
+  share = used // len(hosts)
+  if len(hosts) > 1 and any((len(d) - share) % share for d in hosts.values()):
+    raise UserError(
+      f"sampler.mesh={c.sampler.mesh} takes {share} of each process's"
+      f" {len(next(iter(hosts.values())))} devices: weights move to each"
+      " rollout device from update devices of its own process, so each"
+      " process's update devices must be a multiple of its rollout devices"
+      " (e.g. 1 + 3 or 2 + 2 of 4)."
+    )
+  train = [d for ds in hosts.values() for d in ds[: len(ds) - share]]
+  rollout = [d for ds in hosts.values() for d in ds[len(ds) - share :]]
+  return train, rollout
 
 
 def _mesh(field: str, sizes, devices):

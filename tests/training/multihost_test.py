@@ -8,6 +8,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -15,8 +16,11 @@ import pytest
 
 from rljax import sharding
 from rljax import testing
+from rljax import training
+from rljax._src.errors import UserError
 from rljax.training import Trainer
 from rljax.training import _hosts
+from rljax.training import _trainer_setup
 
 CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "grpo.py"
 # All 8 devices (4 per process), 3 steps, a checkpoint after the last; a
@@ -35,7 +39,7 @@ def _free_port() -> str:
     return str(s.getsockname()[1])
 
 
-def _launch_two_hosts(directory, *extra) -> None:
+def _launch_two_hosts(directory, *extra, base=RUN) -> None:
   """`python -m rljax.training` once per "host", as the TPU scripts do."""
   port = _free_port()
   env = dict(
@@ -47,7 +51,7 @@ def _launch_two_hosts(directory, *extra) -> None:
   overrides = [
     *testing.TINY_RUN,
     f"output.directory={directory}",
-    *RUN,
+    *base,
     *extra,
   ]
   procs = [
@@ -113,6 +117,108 @@ def test_two_processes_equal_one_and_their_checkpoint_restores_in_one(
   for got, want in zip(records[1:4], single_records[1:4]):
     assert got["reward"] == pytest.approx(want["reward"])
     assert got["tokens"] == pytest.approx(want["tokens"])
+
+
+# A disaggregated one_step_off run: each process gives the rollouts one of
+# its four devices (sampler.mesh takes an equal share of every process) and
+# the update the other three; the producer samples on the rollout devices
+# while the update runs, evaluates at step 2 (the producer held still) and
+# checkpoints. XLA's CPU client deadlocks when two programs that each span
+# two devices of every process run at once, so the rollout mesh has one per
+# process here.
+DISAGGREGATED = (
+  "train.steps=3",
+  "train.mesh=(-1, 1, 1)",
+  "sampler.mesh=(2, 1, 1)",
+  "train.prompts_per_step=6",
+  "train.warm_start_batch=6",
+  "train.eval_every=2",
+  "output.checkpoint_every=3",
+  "sampler.prompts='uncertainty'",
+)
+
+
+def _records(directory):
+  return [
+    json.loads(line)
+    for line in (directory / "metrics.jsonl").read_text().splitlines()
+  ]
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_for_a_disaggregated_async_run(tmp_path):
+  run = (*DISAGGREGATED, "train.async_mode='one_step_off'")
+  _launch_two_hosts(tmp_path / "hosts", *run, base=())
+  records = _records(tmp_path / "hosts")
+  steps = [r for r in records if "loss" in r]
+  assert [r["step"] for r in steps] == [1, 2, 3]
+  assert [r["staleness"] for r in steps] == [0, 1, 1]
+  assert "eval_accuracy" in steps[1]
+  single = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "single", *run))
+  single.run()
+  resumed = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "hosts", *run))
+  assert resumed.start_step == 3
+  for a, b in zip(
+    jax.tree.leaves(single.state.policy.params),
+    jax.tree.leaves(resumed.state.policy.params),
+  ):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+  for key in ("alpha", "beta"):
+    np.testing.assert_array_equal(
+      resumed.prompt_state[key], single.prompt_state[key]
+    )
+  for got, want in zip(steps, _records(tmp_path / "single")[1:4]):
+    assert got["reward"] == pytest.approx(want["reward"])
+    assert got["tokens"] == pytest.approx(want["tokens"])
+    assert got.get("eval_accuracy") == want.get("eval_accuracy")
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_weights_of_an_async_run(tmp_path):
+  """async with partial rollouts: which weights a rollout starts and
+  continues with depends on timing, so the processes agree on each
+  version; the run ends, within the bound, and its checkpoint restores."""
+  run = (
+    *DISAGGREGATED,
+    "train.async_mode='async'",
+    "train.max_staleness=2",
+    "train.partial_rollouts=True",
+    "sampler.engine='continuous'",
+  )
+  _launch_two_hosts(tmp_path / "hosts", *run, base=())
+  steps = [r for r in _records(tmp_path / "hosts") if "loss" in r]
+  assert [r["step"] for r in steps] == [1, 2, 3]
+  assert all(0 <= r["staleness"] <= 2 for r in steps)
+  assert all(r["token_staleness_max"] <= 2 for r in steps)
+  resumed = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "hosts", *run))
+  assert resumed.start_step == 3
+
+
+def test_rollouts_take_an_equal_share_of_every_process(monkeypatch):
+  hosts = [types.SimpleNamespace(id=i, process_index=i // 4) for i in range(8)]
+  config = training.override(training.RunConfig(), ["sampler.mesh=(2,1,1)"])
+  train, rollout = _trainer_setup.split_devices(config, hosts)
+  assert [d.id for d in train] == [0, 1, 2, 4, 5, 6]
+  assert [d.id for d in rollout] == [3, 7]
+  for sizes, match in (("(3,1,1)", "multiple of 2"), ("(6,1,1)", "1 \\+ 3")):
+    config = training.override(
+      training.RunConfig(), [f"sampler.mesh={sizes}"]
+    )
+    with pytest.raises(UserError, match=match):
+      _trainer_setup.split_devices(config, hosts)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  for override, match in (
+    ("train.async_mode='async'", "sampler.mesh"),
+    ("train.queue_order='freshest'", "queue_order='oldest'"),
+  ):
+    config = training.override(
+      training.RunConfig(),
+      ["train.async_mode='async'", "sampler.mesh=(2,1,1)", override],
+    )
+    if "sampler.mesh" == match:
+      config = training.override(config, ["sampler.mesh=()"])
+    with pytest.raises(UserError, match=match):
+      _trainer_setup._check_processes(config)
 
 
 # HAPO's per-prompt table of the shortest correct length so far.
