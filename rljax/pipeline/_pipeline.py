@@ -216,18 +216,21 @@ class Pipeline:
       self._prune()
     return snapshot
 
-  @property
-  def started(self) -> int:
-    """The index of the next rollout the producer starts."""
+  def hold(self) -> int:
+    """Start no new rollout; returns the index of the next one (a run's
+    processes agree on where to `pause`: the largest of these)."""
     with self._cv:
-      return self._start + self._started
+      self._stop_at = self._start + self._started
+      return self._stop_at
 
   def pause(self, at: int) -> None:
-    """Start no rollout from index `at` on (a run's processes agree on it,
-    the largest `started`), and return once the producer has produced
-    those before it: a multi-process run's trainer then launches programs
-    on the rollout devices (evaluation) in the same order everywhere.
-    `resume` lets the producer go on."""
+    """Start no rollout from index `at` on, and return once the producer
+    has produced those before it: a multi-process run's trainer then
+    launches programs on the rollout devices (evaluation) in the same
+    order everywhere. Each process first `hold`s its producer and all
+    pause at the largest index held, so a producer behind the others
+    catches up and none starts a rollout the others do not. `resume`
+    lets the producer go on."""
     with self._cv:
       self._stop_at = at
       self._cv.notify_all()

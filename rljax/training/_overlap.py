@@ -127,7 +127,7 @@ class Overlap:
     if self.agree is None or self._pipeline is None:
       yield
       return
-    self._pipeline.pause(self.agree[0](self._pipeline.started))
+    self._pipeline.pause(self.agree[0](self._pipeline.hold()))
     try:
       yield
     finally:
@@ -138,7 +138,7 @@ class Overlap:
     processes, after the rollouts any of them started)."""
     if self._pipeline is not None:
       if self.agree is not None:
-        self._pipeline.pause(self.agree[0](self._pipeline.started))
+        self._pipeline.pause(self.agree[0](self._pipeline.hold()))
       self._pipeline.close()
       self._pipeline = None
     self.next_step = None

@@ -192,3 +192,80 @@ def test_bad_settings_are_refused(kwargs, match):
   args = dict(mode="async", max_staleness=1, snapshot=Snapshot(0, 0))
   with pytest.raises(ValueError, match=match):
     Pipeline(lambda i, s: i, **{**args, **kwargs})
+
+
+class _Processes:
+  """Stand-ins for a run's processes in threads: `exchange(rank, n)` is
+  their collective (every rank passes a value, each gets all of them)."""
+
+  def __init__(self, n):
+    self.barrier = threading.Barrier(n)
+    self.values = [None] * n
+
+  def exchange(self, rank, value):
+    self.values[rank] = value
+    self.barrier.wait()
+    out = list(self.values)
+    self.barrier.wait()
+    return out
+
+
+def _two_processes(agreeing, *, steps=8, k=2, pause_at=None):
+  """Two "processes", each a trainer thread and a pipeline, whose trainers
+  step together (the update is a collective) but publish at different
+  times. Returns each process's {index: version}, and what the
+  producers had produced when a pause at step `pause_at` returned."""
+  producers = _Processes(2)  # the producers' collective
+  trainers = _Processes(2)  # the updates'
+  produced = [{}, {}]
+  at_pause = [None, None]
+  # Process 1 publishes each update 30 ms after process 0; a rollout takes
+  # 10 ms, so the producers start most rollouts between the two.
+  delays = [0.0, 0.03]
+
+  def process(rank):
+    def produce(index, snapshot):
+      time.sleep(0.01)
+      produced[rank][index] = snapshot.version
+      return index
+
+    p = Pipeline(
+      produce,
+      mode="async",
+      max_staleness=k,
+      snapshot=Snapshot(0, 0),
+      agree=(lambda n: max(producers.exchange(rank, n))) if agreeing else None,
+    )
+    try:
+      for step in range(steps):
+        p.take(step)
+        trainers.exchange(rank, step)  # the update
+        time.sleep(delays[rank])
+        p.publish(Snapshot(step + 1, step + 1))
+        if step == pause_at:
+          p.pause(max(trainers.exchange(rank, p.hold())))
+          at_pause[rank] = dict(produced[rank])
+          p.resume()
+      p.pause(max(trainers.exchange(rank, p.hold())))
+    finally:
+      p.close()
+
+  threads = [threading.Thread(target=process, args=(r,)) for r in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=60)
+  assert not any(t.is_alive() for t in threads)
+  return produced, at_pause
+
+
+def test_processes_agree_on_the_weights_of_each_rollout():
+  produced, at_pause = _two_processes(True, pause_at=3)
+  assert produced[0] == produced[1]  # every index, the same version
+  assert sorted(produced[0]) == list(range(len(produced[0])))
+  assert all(i - 2 <= v <= i for i, v in produced[0].items())
+  # Paused at a rollout both agreed on, with everything before it done.
+  assert at_pause[0] == at_pause[1]
+  # Without the agreement each takes its own newest weights: they differ.
+  apart, _ = _two_processes(False)
+  assert apart[0] != apart[1]
