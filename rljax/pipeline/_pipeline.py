@@ -23,6 +23,11 @@ it, and is then dropped and counted.
 The producer owns whatever state production advances (the prompt
 sampler's position, ...): `produce` returns it with the rollout, and the
 trainer keeps, for checkpoints, the state of the rollouts it trained.
+
+Several processes (each with a pipeline whose producers sample together)
+must start the same rollouts with the same weights: given ``agree``, an
+async producer takes the version they agree on, and `hold` then `pause`
+stop every producer at the same rollout.
 """
 
 from collections.abc import Callable
@@ -174,16 +179,15 @@ class Pipeline:
     with self._cv:
       self._snapshots[snapshot.version] = snapshot
       self._latest = max(self._latest, snapshot.version)
-      # Keep what the producer may still read: one_step_off reads the
-      # version before the newest.
       self._prune()
       self._retired += self._taken
       self._taken = 0
       self._cv.notify_all()
 
   def _prune(self) -> None:
-    """Drop the weights the producer can no longer read (under the lock)."""
-    # one_step_off reads the version before the newest.
+    """Drop the weights the producer can no longer read (under the lock):
+    one_step_off reads the version before the newest; versions from the
+    `_floor` up stay while the processes agree on one."""
     keep = 2 if self.mode == "one_step_off" else 1
     for v in sorted(self._snapshots)[:-keep]:
       if self._floor is None or v < self._floor:

@@ -227,8 +227,9 @@ def twin_mesh(mesh, target):
   for d in target.devices.reshape(-1):
     if rest or len(free.get(d.process_index, ())) < k:
       raise ValueError(
-        f"the update's {mesh.devices.size} devices are not {k or 1} for"
-        f" each of the rollouts' {target.devices.size} on its process."
+        f"{mesh.devices.size} update devices cannot serve"
+        f" {target.devices.size} rollout devices with the same number on"
+        " each one's process."
       )
     twin.append(free[d.process_index][:k])
     del free[d.process_index][:k]

@@ -267,6 +267,30 @@ def test_to_global_and_back():
   np.testing.assert_array_equal(_hosts.process_sum({"x": np.ones(2)})["x"], 1)
 
 
+def test_mesh_collectives_and_the_weight_transfer_on_one_process():
+  devices = jax.devices()
+  train = sharding.make_mesh(6, 1, 1, devices=devices[:6])
+  rollout = sharding.make_mesh(2, 1, 1, devices=devices[6:])
+  got = _hosts.allgather({"a": np.arange(3)}, rollout)
+  np.testing.assert_array_equal(got["a"], [[0, 1, 2]])
+  assert _hosts.process_max(5, rollout) == 5
+  twin = _hosts.twin_mesh(train, rollout)
+  assert twin.devices.shape == (2, 1, 1, 3)  # three update devices each
+  assert set(twin.devices.flat) == set(devices[:6])
+  x = jax.device_put(
+    np.arange(24.0).reshape(6, 4),
+    jax.sharding.NamedSharding(train, jax.sharding.PartitionSpec("data")),
+  )
+  target = jax.sharding.NamedSharding(
+    rollout, jax.sharding.PartitionSpec("data")
+  )
+  y = _hosts.transfer({"x": x}, target, twin)["x"]  # a prefix, as device_put
+  assert y.sharding == target
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+  with pytest.raises(ValueError, match="cannot serve"):
+    _hosts.twin_mesh(sharding.make_mesh(5, 1, 1, devices=devices[:5]), rollout)
+
+
 def test_initialize_modes(monkeypatch):
   monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
   assert _hosts.initialize("off") is False
