@@ -238,8 +238,11 @@ class Pipeline:
     with self._cv:
       self._stop_at = at
       self._cv.notify_all()
-      while self._error is None and not self._closed and self._thread and (
-        self._start + self._started < at or self._producing
+      while (
+        self._error is None
+        and not self._closed
+        and self._thread
+        and (self._start + self._started < at or self._producing)
       ):
         self._cv.wait()
 
@@ -267,8 +270,7 @@ class Pipeline:
         with self._cv:
           start = time.perf_counter()
           while not self._closed and (
-            self._started - self._retired > self.bound
-            or self._paused()
+            self._started - self._retired > self.bound or self._paused()
           ):
             self._cv.wait()
           self.producer_waited += time.perf_counter() - start

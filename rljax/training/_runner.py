@@ -30,8 +30,8 @@ only process 0 writes logs, rollouts and plots.
 """
 
 import abc
-import contextlib
 from collections.abc import Sequence
+import contextlib
 import functools
 import pathlib
 import time

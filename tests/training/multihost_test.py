@@ -201,9 +201,7 @@ def test_rollouts_take_an_equal_share_of_every_process(monkeypatch):
   assert [d.id for d in train] == [0, 1, 2, 4, 5, 6]
   assert [d.id for d in rollout] == [3, 7]
   for sizes, match in (("(3,1,1)", "multiple of 2"), ("(6,1,1)", "1 \\+ 3")):
-    config = training.override(
-      training.RunConfig(), [f"sampler.mesh={sizes}"]
-    )
+    config = training.override(training.RunConfig(), [f"sampler.mesh={sizes}"])
     with pytest.raises(UserError, match=match):
       _trainer_setup.split_devices(config, hosts)
   monkeypatch.setattr(jax, "process_count", lambda: 2)
