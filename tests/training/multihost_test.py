@@ -78,6 +78,28 @@ def _launch_two_hosts(directory, *extra, base=RUN) -> None:
     assert proc.returncode == 0, f"process {i}:\n{out.decode()[-3000:]}"
 
 
+def _one_process_equals_two(tmp_path, run) -> Trainer:
+  """Runs `run` on one process (8 devices) and restores the two processes'
+  checkpoint in it: the same parameters (within the processes' reduction
+  order) and the same prompt-sampler state (saved by process 0 after both
+  processes updated it with the whole batch). Returns the one-process
+  run."""
+  single = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "single", *run))
+  single.run()
+  resumed = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "hosts", *run))
+  assert resumed.start_step == 3
+  for a, b in zip(
+    jax.tree.leaves(single.state.policy.params),
+    jax.tree.leaves(resumed.state.policy.params),
+  ):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+  for key in ("alpha", "beta"):
+    np.testing.assert_array_equal(
+      resumed.prompt_state[key], single.prompt_state[key]
+    )
+  return single
+
+
 @pytest.mark.slow  # minutes of CPU: the slow set
 def test_two_processes_equal_one_and_their_checkpoint_restores_in_one(
   tmp_path,
@@ -92,21 +114,7 @@ def test_two_processes_equal_one_and_their_checkpoint_restores_in_one(
   assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
   assert len(records) == 5
 
-  single = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "single", *RUN))
-  single.run()
-  resumed = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "hosts", *RUN))
-  assert resumed.start_step == 3
-  for a, b in zip(
-    jax.tree.leaves(single.state.policy.params),
-    jax.tree.leaves(resumed.state.policy.params),
-  ):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
-  # The prompt sampler's state (saved by process 0 after both processes
-  # updated it with the whole batch) equals the one-process run's.
-  for key in ("alpha", "beta"):
-    np.testing.assert_array_equal(
-      resumed.prompt_state[key], single.prompt_state[key]
-    )
+  single = _one_process_equals_two(tmp_path, RUN)
   state = single.prompt_state
   assert (state["alpha"] + state["beta"] > 2).sum() >= 16  # prompts seen
   # Same prompts and rollouts: the logged rewards agree too.
@@ -154,19 +162,7 @@ def test_two_processes_equal_one_for_a_disaggregated_async_run(tmp_path):
   assert [r["step"] for r in steps] == [1, 2, 3]
   assert [r["staleness"] for r in steps] == [0, 1, 1]
   assert "eval_accuracy" in steps[1]
-  single = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "single", *run))
-  single.run()
-  resumed = Trainer(testing.tiny_run_config(CONFIG, tmp_path / "hosts", *run))
-  assert resumed.start_step == 3
-  for a, b in zip(
-    jax.tree.leaves(single.state.policy.params),
-    jax.tree.leaves(resumed.state.policy.params),
-  ):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
-  for key in ("alpha", "beta"):
-    np.testing.assert_array_equal(
-      resumed.prompt_state[key], single.prompt_state[key]
-    )
+  _one_process_equals_two(tmp_path, run)
   for got, want in zip(steps, _records(tmp_path / "single")[1:4]):
     assert got["reward"] == pytest.approx(want["reward"])
     assert got["tokens"] == pytest.approx(want["tokens"])
