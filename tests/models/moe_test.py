@@ -221,7 +221,9 @@ def _tokens(b=8, s=6, seed=0):
   return tokens, mask
 
 
-@pytest.mark.parametrize("shape", [(1, 8, 1), (2, 2, 2)])
+@pytest.mark.parametrize(
+  "shape", [pytest.param((1, 8, 1), marks=pytest.mark.slow), (2, 2, 2)]
+)
 def test_expert_sharded_forward_and_gradient_equal_one_device(shape):
   model = _model()
   tokens, mask = _tokens()

@@ -423,7 +423,8 @@ def _run_update(spec, name, mesh=None):
 @pytest.mark.parametrize(
   "name,mesh_sizes",
   [
-    ("grpo", None),
+    # (12 s on 2 cores: the float32 gradient test covers the default run)
+    pytest.param("grpo", None, marks=pytest.mark.slow),
     pytest.param("ppo", None, marks=pytest.mark.slow),
     pytest.param("grpo", (2, 2, 2), marks=pytest.mark.slow),
   ],

@@ -509,6 +509,7 @@ def test_idle_kept_sequences_give_their_pages_to_waiting_ones(model):
   np.testing.assert_allclose(kept.logp, ref.logp, atol=1e-5)
 
 
+@pytest.mark.slow  # 8 s on 2 cores (the default run's budget)
 def test_a_partial_rollout_continues_under_newer_weights(model):
   """New weights arrive after the first segment (an update finished): the
   sequences in flight continue under them, each token's version says which

@@ -59,6 +59,7 @@ def _length(samples):
   return np.asarray(samples.num_tokens, np.float32)
 
 
+@pytest.mark.slow  # 12 s on 2 cores (the default run's budget)
 def test_only_adapters_train_and_the_reference_is_the_frozen_base(tmp_path):
   # Rewarded by length, which varies within a group of a barely trained
   # model's samples, so the adapters get a gradient whatever is sampled (the

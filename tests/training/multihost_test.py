@@ -154,13 +154,23 @@ def _records(directory):
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_for_a_disaggregated_async_run(tmp_path):
-  run = (*DISAGGREGATED, "train.async_mode='one_step_off'")
+@pytest.mark.parametrize(
+  "mode, staleness",
+  [
+    ("train.async_mode='one_step_off'", [0, 1, 1]),
+    # The processes agree on each rollout's weights (the newest any has).
+    ("train.async_mode='async',train.max_staleness=0", [0, 0, 0]),
+  ],
+)
+def test_two_processes_equal_one_for_a_disaggregated_async_run(
+  tmp_path, mode, staleness
+):
+  run = (*DISAGGREGATED, *mode.split(","))
   _launch_two_hosts(tmp_path / "hosts", *run, base=())
   records = _records(tmp_path / "hosts")
   steps = [r for r in records if "loss" in r]
   assert [r["step"] for r in steps] == [1, 2, 3]
-  assert [r["staleness"] for r in steps] == [0, 1, 1]
+  assert [r["staleness"] for r in steps] == staleness
   assert "eval_accuracy" in steps[1]
   _one_process_equals_two(tmp_path, run)
   for got, want in zip(steps, _records(tmp_path / "single")[1:4]):
