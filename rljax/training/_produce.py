@@ -28,9 +28,10 @@ from rljax.training import _trainer_rollouts
 class Rollout(NamedTuple):
   """A produced step: the scored rollout (this process's rows), the
   refills it took and the groups its filters kept, the step's temperature,
-  ReMax's greedy baseline (this process's rows, or None), the prompt sampler's and group
-  strategy's states after it, and the seconds the producer waited for its
-  weights to arrive (a transfer to the rollout mesh still under way)."""
+  ReMax's greedy baseline (this process's rows, or None), the prompt
+  sampler's and group strategy's states after it, and the seconds the
+  producer waited for its weights to arrive (a transfer to the rollout
+  mesh still under way)."""
 
   scored: Any
   refills: int
