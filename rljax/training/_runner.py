@@ -314,22 +314,15 @@ class Runner(abc.ABC):
     _trainer_resume.check_savable(self.state, step)
     # The prompt sampler's state is the same on every process, so it goes
     # in the metadata: a checkpoint resumes on any number of hosts.
+    metadata = {
+      "config": _trainer_resume.config_json(self.config),
+      "prompt_state": self.prompt_state,
+      "groups_state": self.groups_state,
+      "skipped_updates": self.skipped_updates,
+      **self._metadata(),
+    }
     with self._quiet():  # orbax's barriers run on every device
-      self._save(step, force)
-
-  def _save(self, step: int, force: bool) -> None:
-    self.checkpointer.save(
-      step,
-      self.state,
-      metadata={
-        "config": _trainer_resume.config_json(self.config),
-        "prompt_state": self.prompt_state,
-        "groups_state": self.groups_state,
-        "skipped_updates": self.skipped_updates,
-        **self._metadata(),
-      },
-      force=force,
-    )
+      self.checkpointer.save(step, self.state, metadata=metadata, force=force)
 
   # --- the policy -----------------------------------------------------------
 
