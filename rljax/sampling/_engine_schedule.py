@@ -107,7 +107,7 @@ class _Scheduler:
     """Write every token but the last (pending) one of `seqs` into their
     pages, chunk by chunk; returns the sequences now ready to decode."""
     ready = {s for s in seqs if not _needs_prefill(s)}
-    placed = self._place([s for s in seqs if _needs_prefill(s)])
+    placed = self._place([s for s in seqs if _needs_prefill(s)], spare=seqs)
     extend = self._program(
       "extend",
       graphdef,
@@ -126,24 +126,27 @@ class _Scheduler:
           s.cached += int(mask[i].sum())
     return ready | set(placed)
 
-  def _place(self, seqs) -> list[Sequence]:
+  def _place(self, seqs, spare) -> list[Sequence]:
     """Those of `seqs` that got pages for the tokens they prefill (after
-    preempting another sequence where the pool was short)."""
+    preempting another sequence, not one of `spare`, where the pool was
+    short)."""
     placed = []
     for seq in seqs:
       if self._grow(seq, len(seq.tokens) - 1):
         placed.append(seq)
-      elif not self._preempt_for(seq):
+      elif not self._preempt_for(seq, spare):
         continue
       elif self._grow(seq, len(seq.tokens) - 1):
         placed.append(seq)
     return placed
 
-  def _preempt_for(self, seq: Sequence) -> bool:
+  def _preempt_for(self, seq: Sequence, spare=()) -> bool:
     """Free pages for `seq`: first those of the most recently stopped
     idle kept sequence of its shard (one waiting to be extended or forked;
-    it is re-prefilled from its tokens when it continues), else those of
-    the latest admitted running one (re-queued)."""
+    it is re-prefilled from its tokens when it continues), then those of
+    the last queued one that holds pages (extended, not admitted yet; not
+    one of `spare`), else those of the latest admitted running one
+    (re-queued)."""
     idle = [
       s
       for s in self._kept
@@ -155,6 +158,22 @@ class _Scheduler:
       and s.done
       and not s.released
     ]
+    queued = [
+      s
+      for s in self._waiting
+      if s.shard == seq.shard
+      and s.pages
+      and s is not seq
+      and s is not seq.parent
+      and not s.pending_children
+      and all(s is not t for t in spare)
+    ]
+    if queued and not idle:
+      victim = queued[-1]
+      self._decref(victim.shard, victim.pages)
+      victim.pages, victim.cached = [], 0
+      self.stats["evicted"] += 1
+      return True
     if idle:
       victim = idle[-1]
       self._decref(victim.shard, victim.pages)

@@ -509,6 +509,30 @@ def test_idle_kept_sequences_give_their_pages_to_waiting_ones(model):
   np.testing.assert_allclose(kept.logp, ref.logp, atol=1e-5)
 
 
+def test_a_queued_extended_sequence_gives_its_pages_to_a_running_one(model):
+  # One slot: a new sequence is admitted first while an extended one waits
+  # in the queue holding 11 of 13 pages. It gives them up (re-prefilled
+  # later) instead of the run failing for want of pages, whatever order an
+  # agent's environments return in.
+  key = jax.random.key(0)
+  engine = _engine(model, slots=1, num_pages=14)
+  [kept] = engine.add(list(range(1, 40)), key=key, max_new_tokens=2, keep=True)
+  engine.run(model)
+  [other] = engine.add(
+    list(range(1, 30)), key=jax.random.key(1), max_new_tokens=2
+  )
+  engine.extend(kept, [3, 4], max_new_tokens=4)
+  engine.run(model)
+  assert engine.stats["evicted"] == 1 and other.done and kept.done
+  ample = _engine(model, slots=1)
+  [ref] = ample.add(list(range(1, 40)), key=key, max_new_tokens=2, keep=True)
+  ample.run(model)
+  ample.extend(ref, [3, 4], max_new_tokens=4)
+  ample.run(model)
+  assert kept.tokens == ref.tokens
+  np.testing.assert_allclose(kept.logp, ref.logp, atol=1e-5)
+
+
 @pytest.mark.slow  # 8 s on 2 cores (the default run's budget)
 def test_a_partial_rollout_continues_under_newer_weights(model):
   """New weights arrive after the first segment (an update finished): the
