@@ -19,6 +19,8 @@ from rljax.training._config import TaskSpec
 from rljax.training._config import TrainSpec
 from rljax.training._config import override
 from rljax.training._config_files import load_config
+from rljax.training._packing import Packing
+from rljax.training._packing import pack_plan
 from rljax.training._precision import MasterWeightsState
 from rljax.training._precision import master_weights
 from rljax.training._rollout import Scored
@@ -43,6 +45,7 @@ __all__ = [
   "Models",
   "OptimSpec",
   "OutputSpec",
+  "Packing",
   "PolicyState",
   "RunConfig",
   "Runner",
@@ -61,6 +64,7 @@ __all__ = [
   "load_config",
   "master_weights",
   "override",
+  "pack_plan",
   "update",
   "validate",
 ]

@@ -151,6 +151,13 @@ class TrainSpec:
   epochs: int = 1  # passes over each rollout batch
   minibatches: int = 1  # optimizer steps per epoch
   microbatches: int = 1  # gradient accumulation inside a minibatch
+  # Packed updates (`rljax.training.Packing`): > 0 lays each sample's real
+  # tokens end to end in rows (segment ids, the padded rows' positions), so
+  # the update and every scoring pass compute over real tokens only, and
+  # sets the tokens one device computes per micro-batch (rows x (prompt +
+  # completion width)); each step takes the fewest micro-batches (at least
+  # `microbatches`) that fit. 0: padded rows (the reference).
+  max_tokens_per_microbatch: int = 0
   max_refills: int = 4  # dynamic sampling: extra rollouts per step, at most
   seed: int = 0
   mesh: tuple = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the rest

@@ -43,6 +43,9 @@ from rljax.models import _lora
 from rljax.models import grouped_completion_logprobs
 from rljax.models import load_balancing_loss
 from rljax.models import token_logprobs
+from rljax.models._transformer import positions_from_mask
+from rljax.training import _packing
+from rljax.training._packing import Packing
 
 
 class PolicyState(NamedTuple):
@@ -98,8 +101,15 @@ def completion_logprobs(
   schedule="auto",
   prefix_grouper=False,
   return_routing=False,
+  packing: Optional[Packing] = None,
 ):
   """(logp_PGT, entropy_PGT) of the last `width` tokens of each sequence.
+
+  With ``packing`` (one unit of a `rljax.training.Packing`: the samples'
+  real spans laid end to end in rows with segment ids) the model runs on
+  the packed rows and the outputs are read back into [P, G, T]: the same
+  values, up to float summation order, computed over real tokens only
+  (`_packed_forward`).
 
   With ``prefix_grouper`` each group's prompt (the first L - width tokens,
   the same for all its samples) is encoded once and shared by its G
@@ -115,6 +125,12 @@ def completion_logprobs(
   `rljax.models.Routing` of the P * G rows (leading axis: layers).
   """
   replay = seqs.routing_PGYLK is not None and model.config.num_experts
+  if packing is not None:
+    if prefix_grouper:
+      raise ValueError(_GROUPER_PACKED)
+    return _packed_logprobs(
+      model, seqs, width, packing, temperature, schedule, return_routing
+    )
   if (replay or return_routing) and prefix_grouper:
     raise ValueError(
       "routing replay (Sequences.routing_PGYLK) and the router's auxiliary"
@@ -151,6 +167,56 @@ def completion_logprobs(
   )
   back = lambda x: x[:, length - width :].reshape(p, g, width)  # noqa: E731
   return (back(logp), back(entropy), *routing)
+
+
+_GROUPER_PACKED = (
+  "model.prefix_grouper and train.max_tokens_per_microbatch (packed"
+  " updates) cannot be combined: Prefix Grouper shares each group's padded"
+  " prompt across its samples, packing removes the padding. Unset one of"
+  " them."
+)
+
+
+def _packed_inputs(seqs: Sequences, packing: Packing):
+  """The packed rows of one unit: (tokens, mask, positions, segment ids)
+  [R, C], positions those of the padded rows (`positions_from_mask`)."""
+  p, g, length = seqs.tokens_PGL.shape
+  tokens = seqs.tokens_PGL.reshape(p * g, length)
+  mask = jnp.asarray(seqs.mask_PGL, jnp.int32).reshape(p * g, length)
+  return (
+    _packing.gather_rows(tokens, packing),
+    _packing.gather_rows(mask, packing),
+    _packing.gather_rows(positions_from_mask(mask), packing),
+    packing.segment_KRC,
+  )
+
+
+def _packed_logprobs(
+  model, seqs, width, packing, temperature, schedule, return_routing
+):
+  """`completion_logprobs` on the packed rows of ``packing`` (one unit)."""
+  p, g, length = seqs.tokens_PGL.shape
+  tokens, mask, positions, segments = _packed_inputs(seqs, packing)
+  routing = None
+  if seqs.routing_PGYLK is not None and model.config.num_experts:
+    r = seqs.routing_PGYLK  # [P, G, Y, L, K] -> [P G, L, Y, K] -> [Y, R, C, K]
+    r = jnp.moveaxis(r.reshape(p * g, *r.shape[2:]), 1, 2)
+    routing = jnp.moveaxis(_packing.gather_rows(r, packing), 2, 0)
+  logp, entropy, *routed = token_logprobs(
+    model,
+    tokens,
+    mask,
+    segment_ids_BS=segments,
+    positions_BS=positions,
+    temperature=temperature,
+    schedule=schedule,
+    routing_LBSK=routing,
+    return_routing=return_routing,
+  )
+  back = lambda x: _packing.scatter_back(x, packing)[:, 1:].reshape(  # noqa: E731
+    p, g, width
+  )
+  return (back(logp), back(entropy), *routed)
 
 
 def shared_prompts(seqs: Sequences, prompt_width: int):
@@ -247,9 +313,10 @@ def rescore(
   *,
   schedule="auto",
   prefix_grouper=False,
+  packing: Optional[Packing] = None,
 ) -> jax.Array:
   """One `rljax.Rescore` pass of the model (``graph``, ``params``);
-  ``prefix_grouper`` applies to completion log-probs (see
+  ``prefix_grouper`` and ``packing`` apply to completion log-probs (see
   `completion_logprobs`)."""
   kw = dict(temperature=request.temperature, schedule=schedule)
   if request.span == "gradient":
@@ -259,13 +326,23 @@ def rescore(
     prompt_width = seqs.tokens_PGL.shape[-1] - width
     return prompt_mean_logprobs(model, seqs, prompt_width, **kw)
   return completion_logprobs(
-    model, seqs, width, prefix_grouper=prefix_grouper, **kw
+    model, seqs, width, prefix_grouper=prefix_grouper, packing=packing, **kw
   )[0]
 
 
-def completion_values(value_model, seqs: Sequences, width: int) -> jax.Array:
-  """[P, G, T] V(state before token t): the value at token t's predictor."""
+def completion_values(
+  value_model, seqs: Sequences, width: int, packing: Optional[Packing] = None
+) -> jax.Array:
+  """[P, G, T] V(state before token t): the value at token t's predictor
+  (on packed rows with ``packing``: 0 where the predictor is padding)."""
   p, g, length = seqs.tokens_PGL.shape
+  if packing is not None:
+    tokens, mask, positions, segments = _packed_inputs(seqs, packing)
+    values = value_model(
+      tokens, mask, segment_ids_BS=segments, positions_BS=positions
+    )
+    values = _packing.scatter_back(values, packing)[:, :-1]
+    return values.reshape(p, g, width)
   values = value_model(
     seqs.tokens_PGL.reshape(p * g, length), seqs.mask_PGL.reshape(p * g, length)
   )
@@ -347,7 +424,7 @@ def _accumulated_grads(loss_fn, params, data, microbatches):
   return _summed(micro, microbatches)
 
 
-def _policy_logprobs(models, spec, params, seqs):
+def _policy_logprobs(models, spec, params, seqs, packing=None):
   return completion_logprobs(
     nnx.merge(models.policy, params),
     seqs,
@@ -355,10 +432,18 @@ def _policy_logprobs(models, spec, params, seqs):
     temperature=spec.temperature,
     schedule=spec.schedule,
     prefix_grouper=spec.prefix_grouper,
+    packing=packing,
   )
 
 
-def _with_router_aux(models, algorithm, spec, params, rows, algo_state, key, i):
+def _unit(packing, i):
+  """Unit `i` of a `Packing` (None: padded rows)."""
+  return None if packing is None else packing.unit(i)
+
+
+def _with_router_aux(
+  models, algorithm, spec, params, rows, algo_state, key, i, packing=None
+):
   """The policy loss plus ``spec.router_aux_coef`` times the router's
   load-balancing loss, and the latter as metric ``router_aux``.
 
@@ -376,9 +461,12 @@ def _with_router_aux(models, algorithm, spec, params, rows, algo_state, key, i):
     schedule=spec.schedule,
     prefix_grouper=spec.prefix_grouper,
     return_routing=True,
+    packing=packing,
   )
   p, g, length = seqs.mask_PGL.shape
   mask = seqs.mask_PGL.reshape(p * g, length)
+  if packing is not None:
+    mask = _packing.gather_rows(mask, packing)
   aux = load_balancing_loss(routing.logits, routing.experts, mask)
   loss, metrics = algorithm.loss(
     logp, batch, algo_state, entropy_PGT=entropy, key=jax.random.fold_in(key, i)
@@ -390,7 +478,7 @@ def _with_router_aux(models, algorithm, spec, params, rows, algo_state, key, i):
 
 
 def _policy_grads(
-  models, algorithm, spec, params, algo_state, seqs, batch, key
+  models, algorithm, spec, params, algo_state, seqs, batch, key, packing=None
 ):
   """The policy loss's summed num-gradients, denominator and metrics, with
   respect to the trainable part of `params` (`_lora.trainable`)."""
@@ -400,9 +488,19 @@ def _policy_grads(
     full = _lora.with_trainable(params, trained)
     if spec.router_aux_coef:
       return _with_router_aux(
-        models, algorithm, spec, full, rows, algo_state, key, i
+        models,
+        algorithm,
+        spec,
+        full,
+        rows,
+        algo_state,
+        key,
+        i,
+        _unit(packing, i),
       )
-    logp, entropy = _policy_logprobs(models, spec, full, mb_seqs)
+    logp, entropy = _policy_logprobs(
+      models, spec, full, mb_seqs, _unit(packing, i)
+    )
     return algorithm.loss(
       logp,
       mb_batch,
@@ -416,14 +514,18 @@ def _policy_grads(
   )
 
 
-def _measured(models, algorithm, spec, params, algo_state, seqs, batch, key):
+def _measured(
+  models, algorithm, spec, params, algo_state, seqs, batch, key, packing
+):
   """`Algorithm.measure` summed over the micro-batches of a minibatch: a
   forward pass at the current parameters, no gradient."""
   rows = batch.mask_PGT.shape[0] // spec.microbatches
 
   def micro(i):
     mb_seqs, mb_batch = _rows((seqs, batch), i * rows, rows)
-    logp, entropy = _policy_logprobs(models, spec, params, mb_seqs)
+    logp, entropy = _policy_logprobs(
+      models, spec, params, mb_seqs, _unit(packing, i)
+    )
     return algorithm.measure(
       jax.lax.stop_gradient(logp),
       mb_batch,
@@ -435,26 +537,30 @@ def _measured(models, algorithm, spec, params, algo_state, seqs, batch, key):
   return _summed(micro, spec.microbatches)
 
 
-def _observed(models, algorithm, spec, params, algo_state, seqs, batch, key):
+def _observed(
+  models, algorithm, spec, params, algo_state, seqs, batch, key, packing
+):
   """The algorithm state for this optimizer step (`Transform.observe`)."""
   if algorithm.transform.observe is None:
     return algo_state
   stats = {}
   if algorithm.measures:
     stats = _measured(
-      models, algorithm, spec, params, algo_state, seqs, batch, key
+      models, algorithm, spec, params, algo_state, seqs, batch, key, packing
     )
   return algorithm.observe(algo_state, stats)
 
 
-def _value_grads(models, spec, params, seqs, batch):
+def _value_grads(models, spec, params, seqs, batch, packing):
   """The critic's clipped value loss: summed num-gradients, den, metrics."""
 
   def loss(params, rows, i):
-    del i
     mb_seqs, mb_batch = rows
     values = completion_values(
-      nnx.merge(models.value, params), mb_seqs, spec.completion_width
+      nnx.merge(models.value, params),
+      mb_seqs,
+      spec.completion_width,
+      _unit(packing, i),
     )
     return objectives.value_loss(values, mb_batch, eps=spec.value_eps)
 
@@ -480,8 +586,11 @@ def _flag(bad) -> Mean:
   return Mean(bad.astype(jnp.float32), jnp.float32(1.0))
 
 
-def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
-  """One optimizer step (policy, and critic if any) on one minibatch.
+def _minibatch_step(
+  models, algorithm, spec, state, seqs, batch, key, packing=None
+):
+  """One optimizer step (policy, and critic if any) on one minibatch
+  (``packing``: its micro-batches' units, or None).
 
   The step is applied only when the loss, the gradient and the new
   parameters are finite (see the module docstring).
@@ -499,6 +608,7 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
       seqs,
       batch,
       key,
+      packing,
     )
   )
   grads, den, metrics = _policy_grads(
@@ -510,6 +620,7 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
     seqs,
     batch,
     key,
+    packing,
   )
   grads = _scale(grads, den)
   metrics = dict(metrics, grad_norm=Mean(optax.tree.norm(grads), 1.0))
@@ -540,7 +651,7 @@ def _minibatch_step(models, algorithm, spec, state, seqs, batch, key):
   value_ok = jnp.array(True)
   if value is not None:
     v_grads, v_den, v_metrics = _value_grads(
-      models, spec, value.params, seqs, batch
+      models, spec, value.params, seqs, batch, packing
     )
     v_grads = _scale(v_grads, v_den)
     v_updates, v_opt = models.value_optimizer.update(
@@ -563,18 +674,40 @@ def update(
   seqs: Sequences,
   batch: Batch,
   key: jax.Array,
+  packing: Optional[Packing] = None,
 ) -> tuple[TrainState, dict[str, Mean]]:
   """``epochs x minibatches`` optimizer steps on a prepared batch.
 
   Minibatches are consecutive blocks of prompt groups, in the same order
   every epoch. Metrics are `Mean`s summed over every step, so their value is
   the mean over all the update's tokens (or sequences).
+
+  With ``packing`` (``minibatches x microbatches`` units, see
+  `rljax.training.Packing`) every forward and backward runs on packed rows
+  of real tokens; the loss, gradients and parameters are those of the
+  padded rows up to float summation order.
   """
   rows = batch.mask_PGT.shape[0] // spec.minibatches
+  if (
+    packing is not None
+    and packing.units != spec.minibatches * spec.microbatches
+  ):
+    raise ValueError(
+      f"the packing has {packing.units} units; the update needs one per"
+      f" micro-batch ({spec.minibatches} x {spec.microbatches})."
+    )
 
   def body(state, i):
-    start = (i % spec.minibatches) * rows
-    mb_seqs, mb_batch = _rows((seqs, batch), start, rows)
+    j = i % spec.minibatches
+    mb_seqs, mb_batch = _rows((seqs, batch), j * rows, rows)
+    mb_packing = None
+    if packing is not None:
+      mb_packing = jax.tree.map(
+        lambda x: jax.lax.dynamic_slice_in_dim(
+          x, j * spec.microbatches, spec.microbatches
+        ),
+        packing,
+      )
     return _minibatch_step(
       models,
       algorithm,
@@ -583,6 +716,7 @@ def update(
       mb_seqs,
       mb_batch,
       jax.random.fold_in(key, i),
+      mb_packing,
     )
 
   steps = spec.epochs * spec.minibatches

@@ -174,8 +174,8 @@ class Trainer(_runner.Runner):
     taken = self._take(step)
     r = self._last_rollout = taken.produced.value
     self._temperature = r.temperature
-    seqs = self._global(_rollout.sequences(r.scored.rollout))
-    batch = self._step_batch(r, seqs)
+    seqs, packing, micro, padding = self._sequences(r)
+    batch = self._step_batch(r, seqs, packing)
     batch, algo_state = self._prepare(
       batch, self.state.policy.algo_state, jax.random.fold_in(key, 2)
     )
@@ -186,9 +186,13 @@ class Trainer(_runner.Runner):
       lambda x: jax.device_put(x, sharding.batch_sharding(self.mesh, x.ndim)),
       batch,
     )
-    update = self._programs.update_at(self._temperature)
+    update = self._programs.update_at(self._temperature, micro)
     self.state, metrics = update(
-      self.state, seqs, batch, jax.random.fold_in(key, 1)
+      self.state,
+      seqs,
+      batch,
+      jax.random.fold_in(key, 1),
+      None if packing is None else packing[0],
     )
     self._publish(step + 1)
     out = {k: float(v) for k, v in jax.device_get(finalize(metrics)).items()}
@@ -204,6 +208,7 @@ class Trainer(_runner.Runner):
         mesh=self.mesh,
       )
     )
+    out.update(padding_fraction=padding, microbatches=micro)
     out["seconds"] = time.perf_counter() - start
     out.update(self._overlap.metrics(taken, out["seconds"]))
     self._last = r.scored
@@ -275,32 +280,53 @@ class Trainer(_runner.Runner):
     """The global batch of a scored rollout (this process's rows)."""
     return self._global(_trainer_batch.raw_batch(scored, self.annotate))
 
-  def _step_batch(self, r: _produce.Rollout, seqs) -> Batch:
+  def _sequences(self, r: _produce.Rollout):
+    """The rollout's global sequences, the update's and the scoring
+    passes' packings (on the devices; None: padded rows), the update's
+    micro-batches per minibatch and the
+    padding fraction it computes over (`_trainer_batch.packing_for`)."""
+    local = _rollout.sequences(r.scored.rollout)
+    packing, micro, padding = _trainer_batch.packing_for(
+      self.config, self.mesh, local
+    )
+    if packing is not None:  # the update's units, and merged for scoring
+      packing = _trainer_batch.replicated(
+        (packing, packing.merged()), self.mesh
+      )
+    return self._global(local), packing, micro, padding
+
+  def _step_batch(self, r: _produce.Rollout, seqs, packing=None) -> Batch:
     """The batch the algorithm prepares: the rollout's, the old policy's
     fields (under the current weights) and, for ReMax, the baseline."""
-    batch = self._with_old(self._raw_batch(r.scored), seqs)
+    batch = self._with_old(self._raw_batch(r.scored), seqs, packing)
     if r.baseline_rewards is not None:
       batch = batch._replace(
         baseline_rewards_P=self._global(r.baseline_rewards)
       )
     return batch
 
-  def _with_old(self, batch: Batch, seqs) -> Batch:
+  def _with_old(self, batch: Batch, seqs, packing=None) -> Batch:
     """Old, reference and value estimates the algorithm reads."""
     teacher = None if self.teacher is None else self.teacher[1]
     score = self._programs.score_at(self._temperature)
-    scores = dict(score(self.state, teacher, seqs))
+    whole = None if packing is None else packing[1]
+    scores = dict(score(self.state, teacher, seqs, whole))
     return batch._replace(**scores.pop("fields")).with_extra(**scores)
 
   def _compiled_step(self):
     """The update, compiled at the last step's full shapes (`dry_run`)."""
-    seqs = self._global(_rollout.sequences(self._last.rollout))
-    batch = self._step_batch(self._last_rollout, seqs)
+    seqs, packing, micro, _ = self._sequences(self._last_rollout)
+    batch = self._step_batch(self._last_rollout, seqs, packing)
     batch, _ = self._prepare(
       batch, self.state.policy.algo_state, jax.random.key(0)
     )
-    return self._update.lower(
-      self.state, seqs, batch, jax.random.key(0)
+    update = self._programs.update_at(self.config.sampler.temperature, micro)
+    return update.lower(
+      self.state,
+      seqs,
+      batch,
+      jax.random.key(0),
+      None if packing is None else packing[0],
     ).compile()
 
   def _write_rollouts(self, writer, step: int) -> None:

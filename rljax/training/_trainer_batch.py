@@ -8,17 +8,24 @@ shardings and donated.
 """
 
 import functools
+import math
+from typing import Optional
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 import numpy as np
 
 from rljax import rollouts
 from rljax import sharding
 from rljax._src.base import Batch
 from rljax.models import _lora
+from rljax.training import _hosts
+from rljax.training import _packing
 from rljax.training import _rollout
+from rljax.training._packing import Packing
 from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
 from rljax.training._step import rescore
@@ -98,11 +105,15 @@ class Programs:
     self.shardings = shards
     self._compiled = {}
 
-  def update_at(self, temperature: float):
-    """The jitted update whose log-probs are at `temperature`."""
-    key = ("update", float(temperature))
+  def update_at(self, temperature: float, microbatches=None):
+    """The jitted update whose log-probs are at `temperature` (in
+    `microbatches` per minibatch: default the run's)."""
+    micro = self.spec.microbatches if microbatches is None else microbatches
+    key = ("update", float(temperature), int(micro))
     if key not in self._compiled:
-      spec = self.spec._replace(temperature=float(temperature))
+      spec = self.spec._replace(
+        temperature=float(temperature), microbatches=int(micro)
+      )
       self._compiled[key] = update_fn(
         self.models, self.algorithm, spec, self.shardings
       )
@@ -135,7 +146,7 @@ def update_fn(models, algorithm, spec, shardings):
     _mesh_of(shardings),
     jax.jit(
       functools.partial(update, models, algorithm, spec),
-      in_shardings=(shardings, None, None, None),
+      in_shardings=(shardings, None, None, None, None),
       out_shardings=(shardings, None),
       donate_argnums=0,
     ),
@@ -158,8 +169,10 @@ def score_fn(config, models, needs, teacher_graph, rescores, temperature, mesh):
   old_needed = t.epochs * t.minibatches > 1 or needs["old_logp_PGT"]
 
   @jax.jit
-  def score(state, teacher, seqs):
+  def score(state, teacher, seqs, packing=None):
     out = {}
+    if packing is not None:
+      packing = packing.unit(0)  # the batch's units merged into one
     logp = functools.partial(
       completion_logprobs,
       seqs=seqs,
@@ -167,6 +180,7 @@ def score_fn(config, models, needs, teacher_graph, rescores, temperature, mesh):
       temperature=temperature,
       schedule=schedule,
       prefix_grouper=grouper,
+      packing=packing,
     )
     weights = {
       "policy": (models.policy, state.policy.params),
@@ -185,6 +199,7 @@ def score_fn(config, models, needs, teacher_graph, rescores, temperature, mesh):
         width,
         schedule=schedule,
         prefix_grouper=grouper,
+        packing=packing,
       )
       for r in rescores
     }
@@ -198,9 +213,53 @@ def score_fn(config, models, needs, teacher_graph, rescores, temperature, mesh):
       out["ref_logp_PGT"] = logp(nnx.merge(models.policy, ref))[0]
     if needs["old_values_PGT"]:
       critic = nnx.merge(models.value, state.value.params)
-      out["old_values_PGT"] = completion_values(critic, seqs, width)
+      out["old_values_PGT"] = completion_values(critic, seqs, width, packing)
     if needs["teacher_logp_PGT"]:
       out["teacher_logp_PGT"] = logp(nnx.merge(teacher_graph, teacher))[0]
     return {"fields": out, **extra}
 
   return sharding.InMesh(mesh, score)
+
+
+def packing_for(config, mesh, seqs) -> tuple[Optional[Packing], int, float]:
+  """The step's `Packing` (None: padded rows), micro-batches per minibatch
+  and padding fraction (of the token slots the update computes over, those
+  outside every sample's span), from this process's rows of the sequences
+  (their spans are gathered from every process, so all plan alike)."""
+  t = config.train
+  spans = _hosts.gather_rows(
+    _packing.spans(seqs.mask_PGL), mesh, t.prompts_per_step
+  )
+  length = seqs.mask_PGL.shape[-1]
+  real = int(np.sum(spans[..., 1] - spans[..., 0]))
+  if not t.max_tokens_per_microbatch:
+    return None, t.microbatches, 1.0 - real / (spans[..., 0].size * length)
+  shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  micro = _packing.choose_microbatches(
+    spans,
+    budget=t.max_tokens_per_microbatch,
+    minibatches=t.minibatches,
+    length=length,
+    shards=shards,
+    least=t.microbatches,
+  )
+  packing = _packing.pack_plan(
+    spans,
+    length=length,
+    completion_width=config.sampler.max_new_tokens,
+    units=t.minibatches * micro,
+    shards=shards,
+  )
+  return packing, micro, 1.0 - real / packing.computed_tokens()
+
+
+def replicated(tree, mesh):
+  """Host arrays equal on every process, as global arrays on every device
+  of `mesh`."""
+  whole = NamedSharding(mesh, PartitionSpec())
+  return jax.tree.map(
+    lambda x: jax.make_array_from_callback(
+      np.shape(x), whole, lambda index, x=x: np.asarray(x)[index]
+    ),
+    tree,
+  )

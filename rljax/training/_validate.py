@@ -241,6 +241,12 @@ def _train(t) -> None:
   _int("train.epochs", t.epochs, 1)
   _int("train.minibatches", t.minibatches, 1)
   _int("train.microbatches", t.microbatches, 1)
+  _int(
+    "train.max_tokens_per_microbatch",
+    t.max_tokens_per_microbatch,
+    0,
+    "Use 0 for padded updates.",
+  )
   _int("train.max_refills", t.max_refills, 0)
   _int("train.seed", t.seed, 0)
   _int(
@@ -374,6 +380,13 @@ def _kind(config) -> None:
       f"is the RL runs' supervised warm start; a {kind} run takes none",
       "Set it to 0 (an SFT run is the supervised training itself).",
     )
+  if kind != "rl" and config.train.max_tokens_per_microbatch:
+    _fail(
+      "train.max_tokens_per_microbatch",
+      config.train.max_tokens_per_microbatch,
+      f"packs RL updates; a {kind} run takes none",
+      "Set it to 0.",
+    )
   if config.train.partial_rollouts and (
     config.sampler.engine != "continuous" or config.sampler.groups
   ):
@@ -446,6 +459,14 @@ def validate(config: RunConfig) -> RunConfig:
       "Set model.param_dtype='bfloat16', or master_weights=False.",
     )
   _train(config.train)
+  if config.train.max_tokens_per_microbatch and config.model.prefix_grouper:
+    _fail(
+      "train.max_tokens_per_microbatch",
+      config.train.max_tokens_per_microbatch,
+      "packs each sample's real tokens, but model.prefix_grouper=True shares"
+      " each group's padded prompt",
+      "Set one of them off (max_tokens_per_microbatch=0: padded rows).",
+    )
   _output(config.output)
   _data(config.data)
   if config.teacher is not None:
