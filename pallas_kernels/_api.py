@@ -68,11 +68,15 @@ def _flatten(hidden_ND, unembed_DV, targets_N):
 
 
 def _schedule(schedule, hidden, unembed, block_n, block_v):
-  """Resolve the schedule; an empty batch runs dense (nothing to tile)."""
+  """Resolve the schedule; an empty batch runs dense (nothing to tile), and
+  so does "auto" when the float32 logits fit `_dispatch.dense_limit`."""
   sched = _dispatch.resolve(
     schedule, (hidden.dtype, unembed.dtype), block_n, block_v
   )
-  return _dispatch.resolve("dense", ()) if hidden.shape[0] == 0 else sched
+  small = hidden.shape[0] * unembed.shape[1] * 4 <= _dispatch.dense_limit()
+  if hidden.shape[0] == 0 or (schedule == "auto" and small):
+    return _dispatch.resolve("dense", ())
+  return sched
 
 
 def _fused_logprob(sched: _dispatch.Schedule):
@@ -144,7 +148,9 @@ def token_logprob(
       is valid, masking ignored tokens is the caller's job.
     temperature: sampling temperature (> 0), python float or scalar array
       (verl / TRL divide the logits by it).
-    schedule: "auto" (Pallas TPU on TPU, Pallas GPU on GPU, else chunked),
+    schedule: "auto" (dense when the float32 logits fit
+      `DENSE_AUTO_BYTES`, see `dense_up_to`; otherwise Pallas TPU on TPU, Pallas GPU on GPU,
+      else chunked),
       "dense", "chunked", "pallas_tpu", "pallas_gpu" or "pallas_interpret"
       (the TPU kernel under the Pallas interpreter, for CPU tests).
     block_n: tokens per tile; None takes the schedule's default.

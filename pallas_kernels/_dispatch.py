@@ -1,6 +1,7 @@
 """Choosing a schedule: the backend, the dtypes and what is installed.
 
-"auto" picks the Pallas TPU kernel on a TPU backend, the Pallas GPU (Triton)
+"auto" runs dense when the logits are small (`DENSE_AUTO_BYTES`), else
+picks the Pallas TPU kernel on a TPU backend, the Pallas GPU (Triton)
 kernel on a GPU backend and the chunked XLA schedule elsewhere. The backend
 is the default one, or the platform of `compile_for` while code is traced
 for other devices (a TPU topology compiled ahead of time on a CPU host). When a Pallas
@@ -44,6 +45,32 @@ DEFAULT_BLOCKS = {
   "pallas_interpret": (512, 2048),
   "pallas_gpu": (64, 128),
 }
+# "auto" runs dense when a call's float32 logits take at most this many
+# bytes (the logits, their softmax and their gradient then fit in three
+# times it): the fused schedules save memory, not time, and tiling small
+# logits costs more than it saves (chunked is 1.2-1.3x dense's time on CPU;
+# experiments/benchmarks/token_logprob.py). `dense_up_to` changes it.
+DENSE_AUTO_BYTES = 256 << 20
+_DENSE_UP_TO = contextvars.ContextVar("pallas_kernels_dense", default=None)
+
+
+@contextlib.contextmanager
+def dense_up_to(nbytes: int):
+  """Within this context "auto" runs dense for float32 logits of at most
+  `nbytes` (default `DENSE_AUTO_BYTES`; 0: always a fused schedule)."""
+  if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+    raise ValueError(f"nbytes must be an int >= 0; got {nbytes!r}.")
+  token = _DENSE_UP_TO.set(nbytes)
+  try:
+    yield
+  finally:
+    _DENSE_UP_TO.reset(token)
+
+
+def dense_limit() -> int:
+  """The logits bytes up to which "auto" runs dense here."""
+  limit = _DENSE_UP_TO.get()
+  return DENSE_AUTO_BYTES if limit is None else limit
 _BACKEND = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}
 _MODULE = {
   "pallas_tpu": "pallas_kernels._pallas_tpu",

@@ -131,3 +131,97 @@ def tiny_run_config(path, directory, *overrides: str):
   if config.kind != "rl":  # no warm start before a post-training run
     tiny = tuple(t for t in TINY_RUN if not t.startswith("train.warm_start"))
   return override(config, [*tiny, f"output.directory={directory}", *overrides])
+
+
+# Settings for the test batch's G = 4 (Polychromic's sets of 4 would be the
+# whole group, whose set advantage is zero by definition).
+PRESET_KWARGS = {
+  "polychromic": {"set_size": 2},
+  # BRPO: one trace, one budget of 2 tokens, 3 summaries = G rows
+  "brpo": {"budgets": (2,), "num_summaries": 3},
+}
+
+
+def preset(name: str):
+  """`rljax.algorithms.get(name)` with the settings `preset_batch`'s
+  G = 4 needs (`PRESET_KWARGS`)."""
+  from rljax import algorithms
+
+  return algorithms.get(name, **PRESET_KWARGS.get(name, {}))
+
+
+def _agent_extras(batch, rng, turns=3):
+  """The agent data layout (rljax.envs) of a batch: each completion's
+  tokens in turns of two, some rows reaching the last turn (SeeUPO)."""
+  mask = np.asarray(batch.mask_PGT) > 0
+  t = np.arange(batch.shape[2])
+  turn_ids = np.where(mask, np.minimum(t // 2, turns - 1), -1).astype(np.int32)
+  taken = (turn_ids.max(-1) + 1).astype(np.int32)
+  past = np.arange(turns) >= taken[..., None]
+  rewards = np.where(past, 0.0, rng.normal(size=past.shape)).astype(np.float32)
+  states = np.where(past, -1, rng.integers(0, 2, past.shape)).astype(np.int32)
+  calls = np.where(past, 0, rng.integers(0, 3, past.shape)).astype(np.int32)
+  # A tree per group: samples 0 and 1 share their first action.
+  nodes = np.arange(np.prod(past.shape), dtype=np.int32).reshape(past.shape)
+  nodes[:, 1, 0] = nodes[:, 0, 0]
+  return dict(
+    turn_ids_PGT=turn_ids,
+    turns_PG=taken,
+    turn_rewards_PG=rewards,
+    state_ids_PG=states,
+    tool_calls_PG=calls,
+    tool_errors_PG=np.minimum(calls, rng.integers(0, 2, past.shape)),
+    node_ids_PG=np.where(past, -1, nodes),
+  )
+
+
+def preset_batch(seed: int, prompts: int = 4) -> Batch:
+  """A random batch with the side data presets may read, as a run's
+  `Trainer(annotate=...)` writes it: answer-cluster ids (EMPO, COPO,
+  SEED-GRPO), the first tool call's position (ASPO; -1 = none), the
+  number of tool calls (HDPO), and each sample's stream as the Trainer
+  writes it for a group strategy (ICPO, AEPO, HBPO) and a segment tree's
+  ancestor ids (TreePO)."""
+  batch = random_batch(seed, prompts=prompts)
+  rng = np.random.default_rng(seed)
+  pg = batch.shape[:2]
+  return batch.with_extra(
+    **_agent_extras(batch, rng),
+    answer_ids_PG=rng.integers(0, 3, pg),
+    tool_position_PG=rng.integers(-1, 5, pg),
+    stream_PG=np.tile([0, 0, 1, 4], pg[1] // 4 + 1)[None, : pg[1]].repeat(
+      pg[0], 0
+    ),
+    from_stream_PG=np.tile([0.0, 0, 0, 1], pg[1] // 4 + 1)[
+      None, : pg[1]
+    ].repeat(pg[0], 0),
+    tree_PG=rng.integers(-1, 2, pg + (2,)).astype(np.int32),  # TreePO
+    # SPO-chain (rollouts.SegmentRollouts): segment starts, their values,
+    # the tokens below the probability threshold
+    spo_cuts_PGT=rng.integers(0, 2, batch.shape).astype(np.int32),
+    spo_values_PGT=rng.random(batch.shape).astype(np.float32),
+    spo_low_prob_PGT=rng.integers(0, 2, batch.shape).astype(np.int32),
+    # SPO-tree (rollouts.SegmentTree): each token's tree level (segments
+    # of 2 tokens, 2 levels)
+    spo_depth_PGT=np.where(
+      np.asarray(batch.mask_PGT) > 0,
+      np.minimum(np.arange(batch.shape[2]) // 2, 1) + 1,
+      0,
+    ).astype(np.int32),
+    # Delethink (rollouts.MarkovianChunks): 2 traces of 2 chunks per group
+    trace_PG=np.tile([0, 0, 1, 1], (pg[0], pg[1] // 4)).astype(np.int32),
+    chunk_PG=np.tile([0, 1, 0, 1], (pg[0], pg[1] // 4)).astype(np.int32),
+    # BRPO (rollouts.AnytimeBudgets): a thinking row, 3 summaries of its
+    # first 2 tokens
+    anytime_trace_PG=np.zeros(pg, np.int32),
+    anytime_budget_PG=np.tile([-1, 0, 0, 0], (pg[0], 1)).astype(np.int32),
+    anytime_length_PG=np.tile([0, 2, 2, 2], (pg[0], 1)).astype(np.int32),
+    anytime_chunk_PGT=np.where(
+      (np.arange(batch.shape[2]) < 2)[None, None]
+      & (np.arange(pg[1]) == 0)[None, :, None],
+      0,
+      -1,
+    )
+    .repeat(pg[0], 0)
+    .astype(np.int32),
+  )

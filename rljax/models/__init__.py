@@ -1,6 +1,7 @@
 """Decoder-only transformers in Flax NNX: Llama, Qwen2, Qwen3, Gemma 1-3,
 the Qwen3-MoE and Mixtral mixtures of experts, and LoRA / QLoRA adapters."""
 
+from rljax.models._config import REMAT_POLICIES
 from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
 from rljax.models._config import RopeScaling
@@ -28,6 +29,7 @@ __all__ = [
   "LORA_TARGETS",
   "LinearRopeScaling",
   "ModelConfig",
+  "REMAT_POLICIES",
   "PagedCache",
   "RopeScaling",
   "Routing",

@@ -6,6 +6,11 @@ from typing import Optional
 
 from rljax._src import checks
 
+# `ModelConfig.remat` values: what a layer keeps for the backward pass
+# (None: nothing recomputed; "full": its input only; "dots": matmul outputs).
+REMAT_POLICIES = {False: None, "none": None, True: "full", "full": "full"}
+REMAT_POLICIES["dots"] = "dots"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RopeScaling:
@@ -53,10 +58,17 @@ class ModelConfig:
   for the backward pass), which dominates for shallow, narrow models (a
   2-layer toy model's train step is about 1.3x faster on CPU unrolled);
   compile time grows with it, so deep models keep the default of 1.
-  ``remat`` recomputes each layer's activations in the backward pass
-  (`jax.checkpoint` around the layer, MaxText's ``remat_policy="full"``):
-  only each layer's input is kept for the backward, at the cost of a second
-  forward; long sequences on a pod need it.
+  ``update_unroll`` sets it for forwards without a cache alone (the
+  update's and the scoring passes'; 0: ``scan_unroll``), so the update can
+  unroll while the engine's decode steps keep their compact scan.
+  ``remat`` is what the backward pass recomputes (`jax.checkpoint` around
+  each layer, MaxText's ``remat_policy``): ``"none"`` (False, the default)
+  keeps every activation; ``"full"`` (True) keeps each layer's input only,
+  at the cost of a second forward, which long sequences on a pod need;
+  ``"dots"`` keeps the matmul outputs and recomputes the elementwise work
+  between them (``jax.checkpoint_policies.
+  dots_with_no_batch_dims_saveable``), most of full's saving of time for
+  part of its saving of memory.
 
   Gemma: ``embed_scale=True`` (embeddings times sqrt(D)), ``norm_offset=True``
   (RMSNorm ``x * (1 + w)``, w stored as HF stores it), ``activation=
@@ -95,7 +107,8 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_unroll: int = 1
-  remat: bool = False
+  update_unroll: int = 0
+  remat: bool | str = False
   embed_scale: bool = False
   norm_offset: bool = False
   activation: str = "silu"
@@ -131,6 +144,12 @@ class ModelConfig:
       rms_norm_eps=self.rms_norm_eps,
       scan_unroll=self.scan_unroll,
     )
+    checks.non_negative(update_unroll=self.update_unroll)
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(
+        f"remat must be one of {sorted(REMAT_POLICIES, key=str)}; got"
+        f" {self.remat!r}."
+      )
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
         f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads"

@@ -25,6 +25,7 @@ from rljax.models import _attention
 from rljax.models import _lora
 from rljax.models import _moe
 from rljax.models import _window
+from rljax.models._config import REMAT_POLICIES
 from rljax.models._config import LinearRopeScaling
 from rljax.models._config import ModelConfig
 from rljax.sharding._rules import BATCH_AXES
@@ -666,8 +667,15 @@ class Transformer(nnx.Module):
       )
       return (x, kvs), (new, routing)
 
-    if c.remat:  # keep each layer's input; recompute the rest backward
+    remat = REMAT_POLICIES[c.remat]
+    if remat == "full":  # keep each layer's input; recompute the rest
       body = jax.checkpoint(body, prevent_cse=False)
+    elif remat == "dots":  # keep the matmul outputs; recompute the rest
+      body = jax.checkpoint(
+        body,
+        prevent_cse=False,
+        policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+      )
     kvs = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(c.num_layers)
     if windowed:
@@ -682,7 +690,11 @@ class Transformer(nnx.Module):
       body,
       (x, kvs),
       (weights, layer_ids, shared, replay, *per_layer),
-      unroll=c.scan_unroll,
+      # A forward without a cache (an update's, a scoring pass's) may
+      # unroll further than the engine's decode steps.
+      unroll=(c.update_unroll or c.scan_unroll)
+      if cache is None
+      else c.scan_unroll,
     )
     return x, kvs, new, routing
 

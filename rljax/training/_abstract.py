@@ -8,6 +8,7 @@ allocating a weight: devices may be a TPU topology's
 each jitted program of an RL iteration with them.
 """
 
+import math
 from typing import Any, NamedTuple
 
 from flax import nnx
@@ -26,6 +27,7 @@ from rljax.training import _build
 from rljax.training import _trainer_batch
 from rljax.training import _trainer_rollouts
 from rljax.training import _trainer_setup
+from rljax.training._packing import Packing
 from rljax.training._step import Models
 from rljax.training._step import PolicyState
 from rljax.training._step import Sequences
@@ -67,6 +69,7 @@ def model_config(spec, alphabet: str):
       dtype=spec.dtype,
       param_dtype=spec.param_dtype,
       scan_unroll=spec.scan_unroll,
+      update_unroll=spec.update_unroll,
       remat=spec.remat,
     )
   model, _ = _build.build_policy(spec, alphabet, 0)
@@ -329,11 +332,12 @@ def lowered_programs(run: AbstractRun) -> dict[str, Any]:
     c.sampler.temperature,
     run.mesh,
   )
-  out["score"] = score.lower(run.state, teacher_params, run.seqs)
-  spec = _trainer_setup.update_spec(c)
+  (packing, merged), micro = _abstract_packing(c, run.mesh)
+  out["score"] = score.lower(run.state, teacher_params, run.seqs, merged)
+  spec = _trainer_setup.update_spec(c)._replace(microbatches=micro)
   shardings = jax.tree.map(lambda x: x.sharding, run.state)
   update = _trainer_batch.update_fn(run.models, run.algorithm, spec, shardings)
-  out["update"] = update.lower(run.state, run.seqs, run.batch, run.key)
+  out["update"] = update.lower(run.state, run.seqs, run.batch, run.key, packing)
   if c.sampler.engine == "continuous":
     mesh, params = run.mesh, run.state.policy.params
     if run.rollout_mesh is not None:  # the weights, moved across
@@ -350,3 +354,40 @@ def lowered_programs(run: AbstractRun) -> dict[str, Any]:
       engine.lower(run.models.policy, params, c.task.max_prompt_tokens)
     )
   return out
+
+
+def _abstract_packing(c, mesh):
+  """A packed run's (update, scoring) `Packing` shapes at their largest,
+  every sample as long as its row: the fewest micro-batches (at least
+  ``train.microbatches``, a divisor of a minibatch's prompts) whose samples
+  fit the budget's rows; (None, None) for padded updates."""
+  t = c.train
+  if not t.max_tokens_per_microbatch:
+    return (None, None), t.microbatches
+  width = c.task.max_prompt_tokens + c.sampler.max_new_tokens
+  shards = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  per_minibatch = t.prompts_per_step // t.minibatches
+  fit = max(t.max_tokens_per_microbatch // width, 1)  # rows per device
+  g = c.sampler.num_samples
+  micro = next(
+    m
+    for m in range(t.microbatches, per_minibatch + 1)
+    if per_minibatch % m == 0
+    and (-(-per_minibatch // m * g // shards) <= fit or m == per_minibatch)
+  )
+  units = t.minibatches * micro
+  rows = -(-(per_minibatch // micro) * g // shards) * shards
+  samples = t.prompts_per_step * g
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def packing(k, r, n):
+    spec = lambda *shape: jax.ShapeDtypeStruct(  # noqa: E731
+      shape, jnp.int32, sharding=whole
+    )
+    t1 = c.sampler.max_new_tokens + 1
+    return Packing(spec(k, r, width), spec(k, r, width), spec(k, n, t1))
+
+  return (
+    packing(units, rows, samples // units),
+    packing(1, units * rows, samples),
+  ), micro

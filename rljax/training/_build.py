@@ -63,6 +63,7 @@ def _scratch_config(spec: ModelSpec, vocab_size: int) -> ModelConfig:
     dtype=spec.dtype,
     param_dtype=spec.param_dtype,
     scan_unroll=spec.scan_unroll,
+    update_unroll=spec.update_unroll,
     remat=spec.remat,
   )
 
@@ -104,6 +105,7 @@ def build_policy(spec: ModelSpec, alphabet: str, seed: int):
     dtype=spec.dtype,
     param_dtype=spec.param_dtype,
     scan_unroll=spec.scan_unroll,
+    update_unroll=spec.update_unroll,
     remat=spec.remat,
   )
   if source == "smollm2" or source.startswith("gguf:"):

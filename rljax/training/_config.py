@@ -35,9 +35,14 @@ class ModelSpec:
   # optim.master_weights to keep float32 copies for the optimizer).
   param_dtype: str = "float32"
   scan_unroll: int = 1  # layers per scan iteration (ModelConfig.scan_unroll)
-  # Recompute each layer's activations in the backward (ModelConfig.remat):
-  # long sequences fit in a fraction of the memory, for a second forward.
-  remat: bool = False
+  # The same for the update and scoring passes alone (0: scan_unroll); the
+  # engine's decode steps keep scan_unroll (ModelConfig.update_unroll).
+  update_unroll: int = 0
+  # What the backward recomputes (ModelConfig.remat): "none" (False) keeps
+  # every activation; "full" (True) each layer's input only, so long
+  # sequences fit in a fraction of the memory for a second forward; "dots"
+  # keeps the matmul outputs and recomputes the elementwise work.
+  remat: bool | str = False
   chat_template: bool = False  # wrap prompts in the tokenizer's template
   logprob_schedule: str = "auto"  # pallas_kernels schedule; "dense" to skip
   # Encode each group's shared prompt once in the training forward and

@@ -42,8 +42,8 @@ from rljax._src.base import Mean
 from rljax.models import _lora
 from rljax.models import grouped_completion_logprobs
 from rljax.models import load_balancing_loss
+from rljax.models import positions_from_mask
 from rljax.models import token_logprobs
-from rljax.models._transformer import positions_from_mask
 from rljax.training import _packing
 from rljax.training._packing import Packing
 

@@ -16,6 +16,7 @@ from rljax import selection
 from rljax._src.errors import UserError
 from rljax.checkpoints import SHAPES
 from rljax.models import LORA_TARGETS
+from rljax.models import REMAT_POLICIES
 from rljax.training._config import KINDS
 from rljax.training._config import AlgorithmSpec
 from rljax.training._config import RunConfig
@@ -88,6 +89,18 @@ def _model(m, section: str = "model") -> None:
     "scan_unroll",
   ):
     _int(f"{section}.{name}", getattr(m, name), 1)
+  _int(
+    f"{section}.update_unroll",
+    m.update_unroll,
+    0,
+    "Use 0 to unroll the update's layer scan as scan_unroll.",
+  )
+  if m.remat not in REMAT_POLICIES:
+    _fail(
+      f"{section}.remat",
+      m.remat,
+      "must be 'none' (False), 'full' (True) or 'dots'",
+    )
   if m.hidden_size % m.num_heads:
     _fail(
       f"{section}.hidden_size",

@@ -201,3 +201,25 @@ def test_every_public_symbol_has_a_docstring():
     obj = getattr(pk, name)
     if inspect.isfunction(obj) or inspect.isclass(obj):
       assert inspect.getdoc(obj), name
+
+
+def test_auto_runs_dense_while_the_logits_are_small():
+  from pallas_kernels import _api
+
+  def name(tokens):
+    hidden = jnp.zeros((tokens, 4), F32)
+    return _api._schedule("auto", hidden, UNEMBED, None, None).name
+
+  # 9-entry vocabulary: 36 bytes of float32 logits per token.
+  with pk.dense_up_to(36 * 5):
+    assert name(5) == "dense"
+    assert name(6) == "chunked"
+  with pk.dense_up_to(0):
+    assert name(5) == "chunked"
+  assert name(5) == "dense"  # the default: 256 MiB
+  assert _api._schedule("chunked", HIDDEN, UNEMBED, None, None).name == (
+    "chunked"
+  )
+  with pytest.raises(ValueError, match="nbytes must be an int"):
+    with pk.dense_up_to(-1):
+      pass

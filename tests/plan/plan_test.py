@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import pallas_kernels
 from rljax import plan
 from rljax._src.errors import UserError
 from rljax.launch import _cli as _cli_main
@@ -116,8 +117,17 @@ def test_parameter_bytes_are_each_weights_share_of_the_mesh(demo_plan):
 
 
 def test_the_update_uses_the_pallas_tpu_kernel(demo_plan):
+  # The demo's logits (a 16-token vocabulary) are small: "auto" runs them
+  # dense. Told to fuse at any size, the update lowers the Mosaic kernel.
   update = next(p for p in demo_plan.programs if p.name == "update")
-  assert update.pallas
+  assert not update.pallas
+  config = _demo()
+  context = _plan._Context(config, "v5e:2x2")
+  with pallas_kernels.dense_up_to(0):
+    _, lowered = _plan._lowered(
+      config, context.devices, context.task, context.stacks(config)
+    )
+  assert "tpu_custom_call" in lowered["update"].as_text()
   assert demo_plan.fits and demo_plan.peak.peak_bytes < demo_plan.hbm_bytes
   assert demo_plan.hbm_bytes == 16 * 2**30  # v5e
   it = demo_plan.iteration
@@ -416,3 +426,21 @@ def test_a_disaggregated_run_plans_its_rollouts_on_their_own_mesh():
   )
   assert list(abstract.rollout_mesh.devices.flat) == devices[2:]
   assert list(abstract.mesh.devices.flat) == devices[:2]
+
+
+def test_a_packed_run_plans_its_packed_update(demo_plan):
+  # 16 prompts x 16 samples of 10 tokens on 2 batch shards; a budget of
+  # 256 tokens a device holds 25 full rows: 8 micro-batches of 2 prompts
+  # (16 rows a device), planned at full length, as padded rows would be.
+  packed = plan.plan_run(
+    _demo("train.max_tokens_per_microbatch=256"), "v5e:2x2"
+  )
+  mine, padded = (
+    next(p for p in found.programs if p.name == "update")
+    for found in (packed, demo_plan)
+  )
+  assert packed.fits
+  # The packing's index arrays arrive with the batch, and the micro-batch
+  # loop's body (what the cost analysis counts) is an eighth of the rows.
+  assert mine.argument_bytes > padded.argument_bytes
+  assert mine.flops < padded.flops / 4
