@@ -14,6 +14,7 @@ micro-batches instead of one moves them by 1.1e-4, as packing does.
 
 import dataclasses
 import functools
+import pathlib
 
 from flax import nnx
 import jax
@@ -26,14 +27,17 @@ import rljax
 from rljax import algorithms
 from rljax import sharding
 from rljax import testing
+from rljax._src.errors import UserError
 from rljax.models import ModelConfig
 from rljax.models import ValueModel
 from rljax.training import Models
 from rljax.training import Sequences
+from rljax.training import Trainer
 from rljax.training import UpdateSpec
 from rljax.training import _packing
 from rljax.training import pack_plan
 from rljax.training import update
+from rljax.training import validate
 from rljax.training._build import init_state
 from rljax.training._step import completion_logprobs
 from rljax.training._step import completion_values
@@ -418,3 +422,57 @@ def test_every_preset_updates_alike_packed_and_padded(name):
     batch,
     kwargs=testing.PRESET_KWARGS.get(name),
   )
+
+
+def test_packing_refuses_prefix_grouper_and_other_run_kinds(tmp_path):
+  path = pathlib.Path(__file__).parents[2] / "configs"
+  config = testing.tiny_run_config(
+    path / "grpo.py",
+    tmp_path,
+    "train.max_tokens_per_microbatch=256",
+    "model.prefix_grouper=True",
+  )
+  with pytest.raises(UserError, match="shares each group's padded prompt"):
+    validate(config)
+  config = testing.tiny_run_config(
+    path / "sft.py", tmp_path, "train.max_tokens_per_microbatch=256"
+  )
+  with pytest.raises(UserError, match="packs RL updates; a sft run"):
+    validate(config)
+
+
+@pytest.mark.slow  # two tiny PPO runs: ~35 s
+def test_a_packed_run_trains_as_the_padded_one(tmp_path):
+  # PPO (a critic, its values read back from packed rows), two epochs of
+  # two minibatches, completions of up to 24 tokens with a reward that
+  # moves the policy (the repetition penalty): the same metrics and
+  # weights, over fewer computed tokens.
+  path = pathlib.Path(__file__).parents[2] / "configs" / "ppo.py"
+  runs = {}
+  for name, extra in (
+    ("padded", ()),
+    ("packed", ("train.max_tokens_per_microbatch=512",)),
+  ):
+    config = testing.tiny_run_config(
+      path,
+      tmp_path / name,
+      "train.mesh=(1, 1, 1)",
+      "train.steps=2",
+      "train.epochs=2",
+      "train.minibatches=2",
+      "sampler.max_new_tokens=24",
+      "sampler.temperature=1.5",
+      "task.extra_rewards=({'name': 'rep', 'reward': 'repetition_penalty',"
+      " 'weight': 1.0},)",
+      *extra,
+    )
+    trainer = Trainer(config)
+    runs[name] = (trainer, trainer.run()["history"])
+  (padded, want), (packed, got) = runs["padded"], runs["packed"]
+  for a, b in zip(want, got):
+    for key in ("loss", "reward", "value_loss", "kl", "entropy"):
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6)
+    assert b["padding_fraction"] < a["padding_fraction"] - 0.1
+  assert any(abs(h["loss"]) > 0 for h in want)
+  _close(packed.state.policy.params, padded.state.policy.params)
+  _close(packed.state.value.params, padded.state.value.params)

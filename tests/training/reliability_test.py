@@ -113,6 +113,12 @@ def _params(trainer):
     ("model.num_kv_heads=3", "model.num_kv_heads=3: must divide"),
     ("model.source=llama", "model.source='llama': must be one of"),
     ("output.keep_checkpoints=0", "output.keep_checkpoints=0"),
+    (
+      "train.max_tokens_per_microbatch=-8",
+      "train.max_tokens_per_microbatch=-8: must be >= 0",
+    ),
+    ("model.remat=some", "model.remat='some': must be 'none'"),
+    ("model.update_unroll=-1", "model.update_unroll=-1: must be >= 0"),
   ],
 )
 def test_bad_settings_fail_before_any_work(tmp_path, item, fragment):
