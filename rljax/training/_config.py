@@ -7,6 +7,8 @@ plain arguments; only `rljax.training` reads these.
 
 import ast
 import dataclasses
+import types
+import typing
 from typing import Any, Optional
 
 from rljax._src.errors import UserError
@@ -312,6 +314,15 @@ def _parse(text: str, current: Any) -> Any:
   return value
 
 
+def _declared(node: Any, name: str, value: Any) -> bool:
+  """Whether field `name` of dataclass `node` declares `value`'s type among
+  several (``remat: bool | str``)."""
+  field = {f.name: f for f in dataclasses.fields(node)}[name]
+  return isinstance(field.type, types.UnionType) and isinstance(
+    value, typing.get_args(field.type)
+  )
+
+
 def _set(node: Any, path: list[str], text: str, full: str) -> Any:
   """A copy of `node` with the field at `path` set from `text`."""
   name = path[0]
@@ -335,6 +346,7 @@ def _set(node: Any, path: list[str], text: str, full: str) -> Any:
       and value is not None
       and not isinstance(value, type(current))
       and not isinstance(current, dict)
+      and not _declared(node, name, value)
     ):
       raise UserError(
         f"override {full!r}: expected a {type(current).__name__} for"
