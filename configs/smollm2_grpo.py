@@ -33,8 +33,14 @@ def get_config():
     sampler=SamplerSpec(num_samples=8, max_new_tokens=12, temperature=1.0),
     algorithm=AlgorithmSpec(name="grpo"),
     optim=OptimSpec(learning_rate=2e-5, grad_clip=1.0),
+    # Packed updates: each sample's real tokens only (chat prompts pad to
+    # 64), at most 1280 tokens a device per micro-batch (two at least).
     train=TrainSpec(
-      steps=6, prompts_per_step=4, eval_prompts=20, microbatches=2
+      steps=6,
+      prompts_per_step=4,
+      eval_prompts=20,
+      microbatches=2,
+      max_tokens_per_microbatch=1280,
     ),
     output=OutputSpec(directory="runs/smollm2_grpo", rollouts_every=1),
   )

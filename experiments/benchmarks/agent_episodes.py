@@ -95,7 +95,10 @@ def _tool_costs(jail: bool, calls: int = 20) -> tuple[float, float]:
 
 def sandbox_costs(repeats: int) -> dict:
   """The Python tool's start and call costs, jailed and weaker, interleaved."""
-  costs = {"jail": {"start": [], "call": []}, "weaker": {"start": [], "call": []}}
+  costs = {
+    "jail": {"start": [], "call": []},
+    "weaker": {"start": [], "call": []},
+  }
   modes = ["jail", "weaker"] if sandbox.kernel_isolation_error() is None else []
   modes = modes or ["weaker"]
   for r in range(repeats):

@@ -113,9 +113,12 @@ from rljax.models import Transformer  # noqa: E402
 from rljax.training import Models  # noqa: E402
 from rljax.training import Sequences  # noqa: E402
 from rljax.training import UpdateSpec  # noqa: E402
+from rljax.training import _packing  # noqa: E402
+from rljax.training import pack_plan  # noqa: E402
 from rljax.training import update  # noqa: E402
 from rljax.training._build import init_model  # noqa: E402
 from rljax.training._build import init_state  # noqa: E402
+from rljax.training._packing import spans  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +194,9 @@ def reward_ids(shape: Shape, tokens_NT, mask_NT) -> np.ndarray:
 # --- rljax -----------------------------------------------------------------
 
 
-def rljax_config(shape: Shape, unroll: bool = False) -> ModelConfig:
+def rljax_config(
+  shape: Shape, unroll: bool = False, update_unroll: bool = False
+) -> ModelConfig:
   return ModelConfig(
     vocab_size=shape.vocab,
     hidden_size=shape.d,
@@ -207,6 +212,8 @@ def rljax_config(shape: Shape, unroll: bool = False) -> ModelConfig:
     # Tunix's model loops over its layers in Python; a deep model scans
     # (rljax's default, which keeps its compile time flat) unless `unroll`.
     scan_unroll=shape.layers if unroll or shape.layers <= 4 else 1,
+    # The update's forward and backward alone (the engine keeps its scan).
+    update_unroll=shape.layers if update_unroll else 0,
   )
 
 
@@ -263,12 +270,17 @@ def rljax_setup(
   prefix_grouper: bool = False,
   unroll: bool = False,
   schedule: str = "auto",
+  packed: bool = False,
 ):
   """(models, algorithm, initial state, jitted prepare, jitted update,
   engine or None, the initial model). With `prefix_grouper` the update
   encodes each group's prompt once (`UpdateSpec.prefix_grouper`, the
-  Trainer's ``model.prefix_grouper``: the same loss and gradients)."""
-  config = rljax_config(shape, unroll)
+  Trainer's ``model.prefix_grouper``: the same loss and gradients). With
+  `packed` it runs on packed rows of real tokens (`rljax.training.Packing`,
+  the Trainer's ``train.max_tokens_per_microbatch``; `packed_update`) with
+  its layers unrolled (``model.update_unroll``; the engine keeps its
+  scan)."""
+  config = rljax_config(shape, unroll, update_unroll=packed)
   model = init_model(Transformer, config, seed=0)
   tune_stop(model, shape)
   algorithm = algorithms.grpo(eps=EPS, kl_coef=BETA)
@@ -282,15 +294,12 @@ def rljax_setup(
     algorithm=algorithm,
     mesh=mesh,
   )
+  spec = UpdateSpec(shape.t, prefix_grouper=prefix_grouper, schedule=schedule)
   step = jax.jit(
-    functools.partial(
-      update,
-      models,
-      algorithm,
-      UpdateSpec(shape.t, prefix_grouper=prefix_grouper, schedule=schedule),
-    ),
-    donate_argnums=0,
+    functools.partial(update, models, algorithm, spec), donate_argnums=0
   )
+  if packed:
+    step = packed_update(models, algorithm, spec, shape, state)
   engine = None
   if shape.sampler == "engine":
     engine = sampling.Engine(
@@ -308,6 +317,74 @@ def rljax_setup(
     engine,
     model,
   )
+
+
+def useful_update_flops(shape: Shape, prompts, completions) -> float:
+  """Forward + backward FLOPs of an update over the real tokens only (3x
+  the forward: 2 x the matmul weights per token, the LM head included, and
+  causal attention), the work any implementation must do; `completions`:
+  the P * G completion lengths, G per prompt in order."""
+  d, h, kv, hd = shape.d, shape.heads, shape.kv_heads, shape.head_dim
+  per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * shape.mlp
+  weights = shape.layers * per_layer + d * shape.vocab
+  total = 0.0
+  for i, c in enumerate(completions):
+    n = len(prompts[i // shape.g]) + int(c)
+    attention = shape.layers * 2 * 2 * h * hd * n * (n + 1) / 2
+    total += 3 * (2 * weights * n + attention)
+  return total
+
+
+def matmul_peak(n: int = 2048) -> float:
+  """This machine's float32 matmul FLOP/s (best of 5 [n, n] products)."""
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(f(a))
+  best = float("inf")
+  for _ in range(5):
+    start = time.perf_counter()
+    jax.block_until_ready(f(a))
+    best = min(best, time.perf_counter() - start)
+  return 2 * n**3 / best
+
+
+def packed_update(models, algorithm, spec, shape, state):
+  """``step(state, seqs, batch, key)`` on packed rows, planned as the
+  Trainer plans them (`rljax.training.pack_plan`: first fit, the rows
+  rounded up to one of 8 sizes per power of two). Every row count the
+  batch can need (1 to P * G: each sample fits one row) is compiled here,
+  on a copy of `state`, so no timed iteration compiles; the computed /
+  real token ratio of each call is appended to ``step.ratios``."""
+  jitted = jax.jit(
+    functools.partial(update, models, algorithm, spec), donate_argnums=0
+  )
+  length = shape.s + shape.t
+
+  def step(state, seqs, batch, key):
+    mask = np.asarray(seqs.mask_PGL)
+    packing = pack_plan(spans(mask), length=length, completion_width=shape.t)
+    step.ratios.append(packing.computed_tokens() / int(np.count_nonzero(mask)))
+    return jitted(state, seqs, batch, key, packing)
+
+  step.ratios = []
+  p, g = shape.p, shape.g
+  seqs = Sequences(
+    jnp.ones((p, g, length), jnp.int32), jnp.ones((p, g, length), jnp.int32)
+  )
+  batch = Batch(
+    mask_PGT=jnp.ones((p, g, shape.t), jnp.float32),
+    rewards_PG=jnp.zeros((p, g), jnp.float32),
+  )
+  batch, _ = algorithm.prepare(batch, state.policy.algo_state)
+  short = np.zeros((p, g, 2), np.int64)
+  short[..., 1] = 1  # one-token samples: any row count holds them
+  for rows in sorted({_packing.bucket(r) for r in range(1, p * g + 1)}):
+    packing = pack_plan(
+      short, length=length, completion_width=shape.t, rows=rows
+    )
+    copy = jax.tree.map(jnp.copy, state)
+    jax.block_until_ready(jitted(copy, seqs, batch, jax.random.key(0), packing))
+  return step
 
 
 def rljax_iteration(setup, shape, state, prompts, key):
@@ -489,6 +566,7 @@ class Interleaved:
     self.rljax = {v: {phase: [] for phase in PHASES} for v in variants}
     self.tunix = {phase: [] for phase in PHASES}
     self.lengths = {"rljax": [], "Tunix": []}  # completion lengths
+    self.completions = {}  # variant -> each iteration's completion lengths
     self.inside = 0.0  # rljax seconds run since the program started
     tokenizer = WordTokenizer(shape)
     texts = [tokenizer.decode(row[1:]) for row in self.prompts]
@@ -514,6 +592,7 @@ class Interleaved:
         times[phase].append(t)
       if v == next(iter(self.setups)):
         self.lengths["rljax"] += lengths.tolist()
+      self.completions.setdefault(v, []).append(lengths.tolist())
       self.inside += rollout + update_s
     return self.batch
 
@@ -563,6 +642,17 @@ def run(shape: Shape, iters: int, variants: dict):
   learner = tunix_learner(shape, iters + 1, model, data.reward())
   data.time_steps(learner)
   learner.train(data)
+  # Each variant's update: useful FLOP/s per timed iteration.
+  for name, per_iteration in data.completions.items():
+    times = data.rljax[name]["update"]
+    data.lengths[f"{name} useful update GFLOP/s"] = [
+      useful_update_flops(shape, data.prompts, c) / t / 1e9
+      for c, t in zip(per_iteration[1:], times[1:])
+    ]
+  # Packed variants: computed / real tokens of each update.
+  for name, setup in data.setups.items():
+    if hasattr(setup[4], "ratios"):
+      data.lengths[f"{name} computed/real tokens"] = setup[4].ratios
   return data.rljax, data.tunix, data.lengths
 
 
@@ -595,6 +685,12 @@ def main():
     " the vocabulary and recomputes in the backward pass) and unrolled"
     " layers",
   )
+  parser.add_argument(
+    "--packed",
+    action="store_true",
+    help="also time rljax updating on packed rows of real tokens, its"
+    " update's layers unrolled (the engine keeps its scan)",
+  )
   parser.add_argument("--out", default=None, help="write the times (JSON)")
   args = parser.parse_args()
   shape = SHAPES[args.model]
@@ -602,6 +698,7 @@ def main():
     shape = dataclasses.replace(shape, sampler=args.sampler)
   logging.getLogger("absl").setLevel(logging.WARNING)
   load = os.getloadavg()
+  peak = matmul_peak()
   tag = ", layers unrolled" if args.unroll else ""
   variants = {f"rljax{tag}": dict(unroll=args.unroll)}
   if args.prefix_grouper:
@@ -612,6 +709,8 @@ def main():
     variants["rljax, tuned"] = dict(
       prefix_grouper=True, unroll=True, schedule="dense"
     )
+  if args.packed:
+    variants["rljax, packed"] = dict(packed=True)
   rl, tx, lengths = run(shape, args.iters, variants)
   sides = {**rl, "Tunix 0.1.7": tx}
   print(
@@ -623,7 +722,17 @@ def main():
     " iterations (medians and best exclude the first, which compiles)"
   )
   for side, n in lengths.items():
-    if n:
+    if n and side.endswith("computed/real tokens"):
+      print(
+        f"{side}: median {np.median(n):.2f}, range {min(n):.2f}-{max(n):.2f}"
+      )
+    elif n and side.endswith("GFLOP/s"):
+      print(
+        f"{side}: median {np.median(n):.1f} ({np.median(n) * 1e9 / peak:.0%}"
+        f" of the {peak / 1e9:.1f} GFLOP/s float32 matmul peak measured"
+        f" here), range {min(n):.1f}-{max(n):.1f}"
+      )
+    elif n:
       print(
         f"{side} completion lengths: mean {np.mean(n):.1f}, median"
         f" {np.median(n):.0f}, at the cap {np.mean(np.asarray(n) >= shape.t):.0%}"
@@ -658,6 +767,7 @@ def main():
       "model": args.model,
       "shape": dataclasses.asdict(shape),
       "load_before": load,
+      "matmul_peak_flop_per_s": peak,
       "jax": jax.__version__,
       "rljax": rl,
       "tunix": tx,
