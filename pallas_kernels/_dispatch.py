@@ -71,6 +71,8 @@ def dense_limit() -> int:
   """The logits bytes up to which "auto" runs dense here."""
   limit = _DENSE_UP_TO.get()
   return DENSE_AUTO_BYTES if limit is None else limit
+
+
 _BACKEND = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}
 _MODULE = {
   "pallas_tpu": "pallas_kernels._pallas_tpu",
