@@ -70,8 +70,10 @@ def _compile_on(chip, fn, args):
   args = [
     jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args
   ]
+  # "auto" runs these logits dense (they are small); fused at any size.
   with pk.compile_for("tpu", device_kind=device.device_kind):
-    lowered = jax.jit(jax.value_and_grad(fn, argnums=(0, 1))).lower(*args)
+    with pk.dense_up_to(0):
+      lowered = jax.jit(jax.value_and_grad(fn, argnums=(0, 1))).lower(*args)
   return lowered.as_text(), lowered.compile()
 
 
@@ -86,8 +88,7 @@ def _check(chip, dtype, shape):
 
 
 # All 18 cases in the TPU compile step (`-m tpu`, about 2 min on 2 cores;
-# the default run compiles the v5e's float32 kernel at ragged shapes in the
-# demo's plan, tests/plan/plan_test.py). Mosaic refuses a kernel whose
+# tests/plan/plan_test.py lowers the demo's update with the kernel too). Mosaic refuses a kernel whose
 # scoped VMEM exceeds the target chip's, so a compile is also the VMEM
 # check.
 @pytest.mark.tpu
