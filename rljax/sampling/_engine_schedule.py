@@ -147,38 +147,26 @@ class _Scheduler:
     the last queued one that holds pages (extended, not admitted yet; not
     one of `spare`), else those of the latest admitted running one
     (re-queued)."""
-    idle = [
-      s
-      for s in self._kept
-      if s.shard == seq.shard
-      and s.pages
-      and s is not seq
-      and s is not seq.parent
-      and not s.pending_children
-      and s.done
-      and not s.released
-    ]
+
+    def holds(s):  # pages it alone can give up, without losing tokens
+      return (
+        s.shard == seq.shard
+        and s.pages
+        and s is not seq
+        and s is not seq.parent
+        and not s.pending_children
+      )
+
+    idle = [s for s in self._kept if holds(s) and s.done and not s.released]
     queued = [
-      s
-      for s in self._waiting
-      if s.shard == seq.shard
-      and s.pages
-      and s is not seq
-      and s is not seq.parent
-      and not s.pending_children
-      and all(s is not t for t in spare)
+      s for s in self._waiting if holds(s) and all(s is not t for t in spare)
     ]
-    if queued and not idle:
-      victim = queued[-1]
+    if idle or queued:
+      victim = (idle or queued)[-1]
       self._decref(victim.shard, victim.pages)
       victim.pages, victim.cached = [], 0
-      self.stats["evicted"] += 1
-      return True
-    if idle:
-      victim = idle[-1]
-      self._decref(victim.shard, victim.pages)
-      victim.pages, victim.cached = [], 0
-      self._kept.remove(victim)
+      if idle:
+        self._kept.remove(victim)
       self.stats["evicted"] += 1
       return True
     running = [
