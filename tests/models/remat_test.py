@@ -42,11 +42,7 @@ def test_remat_gives_the_same_loss_and_gradients():
 
   (value, grad), plain = grads(False)
   assert "remat" not in plain
-  for remat, policy in (
-    (True, "policy=None"),
-    ("full", "policy=None"),
-    ("dots", "policy=DotsSaveable"),
-  ):
+  for remat, policy in ((True, "policy=None"), ("dots", "policy=DotsSaveable")):
     (value_r, grad_r), rematted = grads(remat)
     # The policy is the one asked for: "dots" keeps the matmuls' outputs.
     assert "remat" in rematted and policy in rematted
