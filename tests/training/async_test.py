@@ -191,8 +191,8 @@ def test_partial_rollouts_record_the_version_of_every_token(tmp_path):
   seen = []
 
   class Recording(_SlowTrainer):
-    def _step_batch(self, r, seqs):
-      batch = super()._step_batch(r, seqs)
+    def _step_batch(self, r, seqs, packing=None):
+      batch = super()._step_batch(r, seqs, packing)
       real = np.asarray(batch.mask_PGT) > 0
       seen.append((self._step, np.asarray(batch.version_PGT)[real]))
       return batch
