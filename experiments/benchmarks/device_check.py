@@ -136,10 +136,8 @@ def _model(smoke: bool, dtype: str):
 
 def bandwidth(smoke: bool) -> float:
   """Bytes/s of a jitted read-and-write of a 512 MiB array (8 MiB for a
-  smoke run; best of 5)."""
-  x = jnp.ones((2**21 if smoke else 2**27,), jnp.float32)
-  f = jax.jit(lambda a: a * 1.0001)
-  return 2 * x.nbytes / min(_timed(lambda: f(x), 5))
+  smoke run; `rollout_engine.bandwidth`)."""
+  return _rollout_engine().bandwidth(2**21 if smoke else 2**27)
 
 
 def matmul_peak(smoke: bool, dtype) -> float:

@@ -128,9 +128,10 @@ def run_engine(engine, model, prompts, budgets) -> float:
   return time.perf_counter() - start
 
 
-def bandwidth() -> float:
-  """Bytes/s of a jitted read-and-write of a 512 MiB array (best of 5)."""
-  x = jnp.ones((2**27,), jnp.float32)
+def bandwidth(size: int = 2**27) -> float:
+  """Bytes/s of a jitted read-and-write of `size` float32s (512 MiB by
+  default; best of 5)."""
+  x = jnp.ones((size,), jnp.float32)
   f = jax.jit(lambda a: a * 1.0001)
   jax.block_until_ready(f(x))
   best = float("inf")

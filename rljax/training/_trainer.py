@@ -150,7 +150,6 @@ class Trainer(_runner.Runner):
       self.spec,
       self.shardings,
     )
-    self._update = self._programs.update_at(self.config.sampler.temperature)
     self._prepare = jax.jit(
       lambda batch, s, key: self.algorithm.prepare(batch, s, key=key)
     )
